@@ -1,0 +1,141 @@
+"""Corpus -> token file, and deterministic global batches drawn from it.
+
+A *text format* turns one CSV row into one training document (or None to skip a malformed row).
+For a locally built model a byte-level BPE tokenizer is fitted to the corpus; a hub model uses
+its own tokenizer.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+EOS = "<|endoftext|>"
+
+
+def smiles_text(row: dict) -> str | None:
+    smiles = (row.get("SMILES") or "").strip()
+    return smiles or None
+
+
+#: name -> row formatter; domain formats register here.
+TEXT_FORMATS: dict[str, Callable[[dict], str | None]] = {"smiles": smiles_text}
+
+
+def read_documents(path: Path | str, fmt: str, max_documents: int | None = None) -> tuple[list[str], int]:
+    """The corpus' documents and how many malformed rows were skipped."""
+    to_text = TEXT_FORMATS[fmt]
+    docs, skipped = [], 0
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            text = to_text(row)
+            if text is None:
+                skipped += 1
+                continue
+            docs.append(text)
+            if max_documents and len(docs) >= max_documents:
+                break
+    return docs, skipped
+
+
+def fit_tokenizer(docs: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer fitted to the corpus, wrapped for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(docs, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+
+
+def load_tokenizer(model_dir: Path | str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:
+    """One stream: each document followed by the end-of-text token."""
+    eos = tokenizer.eos_token_id
+    ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
+    return np.fromiter((t for doc in ids for t in (*doc, eos)), dtype=np.int32)
+
+
+def prepare_corpus(data_cfg: dict, model_cfg: dict, model_dir: Path | str, out_dir: Path | str) -> dict:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    docs, skipped = read_documents(data_cfg["path"], data_cfg["format"], data_cfg.get("max_documents"))
+    if model_cfg["source"] == "local":
+        tokenizer = fit_tokenizer(docs, model_cfg["vocab_size"])
+    else:
+        tokenizer = load_tokenizer(model_dir)
+    tokens = encode_documents(tokenizer, docs)
+    tokenizer.save_pretrained(out_dir)
+    np.save(out_dir / "tokens.npy", tokens)
+    meta = {"corpus": data_cfg["corpus"], "documents": len(docs), "skipped_rows": skipped,
+            "tokens": int(tokens.size), "vocab_size": len(tokenizer), "max_token_id": int(tokens.max())}
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+class TokenBatches:
+    """Deterministic global batches of random windows: batch `step` is the same on every rank and run.
+
+    The first `1 - val_fraction` of the stream is for training, the rest for validation.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: int, seed: int, val_fraction: float = 0.05):
+        split = int(len(tokens) * (1 - val_fraction))
+        self.train, self.val = tokens[:split], tokens[split:]
+        self.seq_len, self.batch, self.seed = seq_len, global_batch_size, seed
+        if len(self.val) <= seq_len + 1:
+            raise ValueError(f"corpus too small ({len(tokens)} tokens) for seq_len={seq_len}")
+
+    @classmethod
+    def from_file(cls, path: Path | str, training: dict) -> "TokenBatches":
+        return cls(np.load(path), training["seq_len"], training["global_batch_size"], training["seed"])
+
+    def _windows(self, stream: np.ndarray, rng: np.random.Generator, n: int):
+        import torch
+
+        starts = rng.integers(0, len(stream) - self.seq_len - 1, size=n)
+        windows = np.stack([stream[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
+        windows = torch.from_numpy(windows)
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+    def global_batch(self, step: int):
+        """(inputs, labels), each [global_batch_size, seq_len]; labels are inputs shifted by one."""
+        return self._windows(self.train, np.random.default_rng([self.seed, step]), self.batch)
+
+    def validation(self, n_batches: int = 4) -> Iterator:
+        rng = np.random.default_rng([self.seed, 1 << 30])
+        for _ in range(n_batches):
+            yield self._windows(self.val, rng, self.batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shardlab.data --config exp.json --model-dir DIR --out DIR`: tokenize the corpus."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="shardlab.data")
+    parser.add_argument("--config", type=Path, required=True, help="resolved experiment JSON")
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    exp = json.loads(args.config.read_text())
+    meta = prepare_corpus(exp["data"], exp["model"], args.model_dir, args.out)
+    print(f"corpus '{meta['corpus']}': {meta['documents']} documents, {meta['tokens']} tokens, "
+          f"{meta['skipped_rows']} malformed rows skipped -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

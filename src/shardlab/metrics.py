@@ -1,0 +1,68 @@
+"""What a run writes: per-step JSONL, per-rank measurements, environment, and summary.json."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from shardlab.config import REPO_ROOT
+
+
+def environment(topo) -> dict:
+    import transformers
+
+    if topo.device.type == "cuda":
+        device_name = torch.cuda.get_device_name(topo.device)
+    else:
+        device_name = platform.processor() or platform.machine()
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device_type": topo.device.type,
+        "device_name": device_name,
+        "world_size": topo.world_size,
+        "backend": topo.backend,
+        "threads_per_rank": torch.get_num_threads(),
+        "hostname": platform.node(),
+        "git_commit": git_commit(),
+    }
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+class StepLog:
+    """Per-step records, appended as JSON lines by rank 0."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.records: list[dict] = []
+        if path:
+            path.write_text("")
+
+    def append(self, record: dict) -> None:
+        self.records.append(record)
+        if self.path:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)  # atomic: a reader never sees half a summary
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,108 @@
+"""Get a model onto disk (built locally or downloaded) and load it.
+
+Every rank loads the same saved weights, so parallel runs start from exactly the reference's
+initial parameters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+class ModelUnavailable(RuntimeError):
+    """The hub model cannot be fetched; the message says how to fix it."""
+
+
+def tiny_neox_config(model_cfg: dict):
+    """A GPT-NeoX (Pythia architecture) config for a model built from scratch; dropout off."""
+    from transformers import GPTNeoXConfig
+
+    return GPTNeoXConfig(
+        vocab_size=model_cfg["vocab_size"],
+        hidden_size=model_cfg["hidden_size"],
+        num_hidden_layers=model_cfg["num_layers"],
+        num_attention_heads=model_cfg["num_heads"],
+        intermediate_size=model_cfg["intermediate_size"],
+        max_position_embeddings=model_cfg.get("max_position_embeddings", 2048),
+        rotary_pct=model_cfg.get("rotary_pct", 0.25),
+        use_parallel_residual=True,  # as in Pythia
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+def build_local_model(model_cfg: dict, out_dir: Path) -> None:
+    from transformers import GPTNeoXForCausalLM
+
+    torch.manual_seed(model_cfg.get("seed", 0))
+    model = GPTNeoXForCausalLM(tiny_neox_config(model_cfg))
+    model.save_pretrained(out_dir)
+
+
+def download_hub_model(model_cfg: dict, out_dir: Path) -> None:
+    from huggingface_hub import snapshot_download
+
+    hub_id = model_cfg["hub_id"]
+    try:
+        snapshot_download(repo_id=hub_id, revision=model_cfg.get("revision"), local_dir=out_dir,
+                          allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+    except Exception as err:  # the hub raises many types (connection, offline mode, gated repo)
+        raise ModelUnavailable(
+            f"could not download '{hub_id}' from the Hugging Face hub ({type(err).__name__}: {err}).\n"
+            f"  Fix one of: run with network access (and HF_TOKEN for gated models); or download it elsewhere\n"
+            f"  with `huggingface-cli download {hub_id} --local-dir {out_dir}` and copy that folder here;\n"
+            f"  or use a locally built model (model.source: local)."
+        ) from None
+
+
+def prepare_model(model_cfg: dict, out_dir: Path | str) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if model_cfg["source"] == "local":
+        build_local_model(model_cfg, out_dir)
+    else:
+        download_hub_model(model_cfg, out_dir)
+    (out_dir / "shardlab_model.json").write_text(json.dumps(model_cfg, indent=2, sort_keys=True))
+    return out_dir
+
+
+def load_model(model_dir: Path | str):
+    """Load in fp32 (mixed precision, when asked for, is autocast on top of fp32 master weights)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.config.use_cache = False
+    return model
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shardlab.model --config exp.json --out DIR`: build or download the experiment's model."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="shardlab.model")
+    parser.add_argument("--config", type=Path, required=True, help="resolved experiment JSON")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    model_cfg = json.loads(args.config.read_text())["model"]
+    try:
+        prepare_model(model_cfg, args.out)
+    except ModelUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"model '{model_cfg['name']}' ready in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

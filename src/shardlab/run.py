@@ -1,0 +1,116 @@
+"""One run = one strategy, one process per rank: `torchrun ... -m shardlab.run --strategy S ...`.
+
+Rank 0 writes `metrics.jsonl` and `summary.json`. A rank that fails writes `error_rank<N>.json`
+and exits non-zero; `shardlab.launch` turns that into a recorded failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from shardlab.config import config_hash
+from shardlab.data import TokenBatches
+from shardlab.metrics import StepLog, environment, now, write_json
+from shardlab.model import count_parameters, load_model
+from shardlab.strategies import get_spec
+from shardlab.topology import init_topology, shutdown
+from shardlab.train import train
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
+
+
+def summarize(exp: dict, strategy: str, records: list[dict], ranks: list[dict], env: dict, n_params: int) -> dict:
+    training = exp["training"]
+    timed = [r for r in records if r["step"] >= training["warmup_steps"]]
+    step_median = statistics.median(r["step_time_s"] for r in timed)
+    comm = [r["comm_time_s"] for r in timed if r["comm_time_s"] is not None]
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    spec = get_spec(strategy)
+    return {
+        "status": "ok",
+        "reason": None,
+        "experiment": exp["name"],
+        "strategy": strategy,
+        "family": spec.family,
+        "world_size": env["world_size"],
+        "config_hash": config_hash(exp),
+        "model": {"name": exp["model"]["name"], "parameters": n_params},
+        "steps": training["steps"],
+        "tokens_per_step": training["global_batch_size"] * training["seq_len"],
+        "step_time_median_s": step_median,
+        "tokens_per_s": training["global_batch_size"] * training["seq_len"] / step_median,
+        "comm_time_median_s": statistics.median(comm) if comm else None,
+        "final_loss": records[-1]["loss"],
+        "final_val_loss": val[-1] if val else None,
+        "ranks": ranks,
+        "environment": env,
+    }
+
+
+def run(args: argparse.Namespace) -> None:
+    exp = json.loads(args.experiment_config.read_text())
+    training = exp["training"]
+    topo = init_topology(exp["launch"])
+    out = args.out
+    try:
+        seed_everything(training["seed"])
+        model = load_model(args.model_dir)
+        n_params = count_parameters(model)
+        options = exp.get("strategy_options", {}).get(args.strategy, {})
+        strategy = get_spec(args.strategy).load()(model, topo, training, options)
+        batches = TokenBatches.from_file(args.tokens, training)
+        log = StepLog(out / "metrics.jsonl" if topo.is_main else None)
+        if topo.is_main:
+            print(f"[{args.strategy}] {exp['name']}: {n_params:,} parameters, {topo.world_size} rank(s), "
+                  f"{topo.backend} on {topo.device.type}", flush=True)
+        started = time.time()
+        measured = train(strategy, batches, training, log, label=args.strategy)
+        measured["rank"] = topo.rank
+        ranks = [None] * topo.world_size
+        dist.all_gather_object(ranks, measured)
+        if topo.is_main:
+            summary = summarize(exp, args.strategy, log.records, ranks, environment(topo), n_params)
+            summary.update(started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), finished=now(),
+                           train_wall_s=time.time() - started)
+            write_json(out / "summary.json", summary)
+    except BaseException as err:
+        write_json(out / f"error_rank{topo.rank}.json", {
+            "rank": topo.rank, "type": type(err).__name__, "message": str(err)[:2000],
+            "oom": is_out_of_memory(err), "traceback": traceback.format_exc()[-4000:]})
+        raise
+    finally:
+        shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="shardlab.run", description=__doc__)
+    parser.add_argument("--experiment-config", type=Path, required=True, help="resolved experiment JSON")
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--tokens", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

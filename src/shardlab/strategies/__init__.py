@@ -1,0 +1,62 @@
+"""The strategy registry: one line per parallelism strategy.
+
+A strategy module knows parallelism and nothing else (see `base.Strategy`). This registry is
+importable without torch so the Snakefile can validate strategy names cheaply.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+def _whole_world(world_size: int, options: dict) -> int:
+    return world_size
+
+
+def _no_checks(exp: dict, where: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    target: str  # "module:Class", imported only when a run starts
+    family: str
+    summary: str
+    single_process: bool = False
+    # How many ranks split the global batch, from (world size, strategy options).
+    data_parallel_size: Callable[[int, dict], int] = field(default=_whole_world)
+    # Extra config checks (raise shardlab.config.ConfigError naming the field).
+    check_options: Callable[[dict, str], None] = field(default=_no_checks)
+
+    def load(self):
+        module, cls = self.target.split(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+def _one(world_size: int, options: dict) -> int:
+    return 1
+
+
+_SPECS = [
+    StrategySpec("single", "shardlab.strategies.single:SingleDevice", "baseline",
+                 "One process, the reference every parallel run is checked against.",
+                 single_process=True, data_parallel_size=_one),
+    StrategySpec("dp_naive", "shardlab.strategies.dp_naive:NaiveDataParallel", "data parallel",
+                 "Full backward, then one blocking all-reduce of all gradients (hand-written)."),
+    StrategySpec("dp_interleaved", "shardlab.strategies.dp_interleaved:InterleavedDataParallel", "data parallel",
+                 "Per-layer async all-reduce launched from gradient hooks, overlapping backward (hand-written)."),
+    StrategySpec("ddp", "shardlab.strategies.ddp:TorchDDP", "data parallel",
+                 "torch DistributedDataParallel: bucketed all-reduce overlapped with backward."),
+]
+
+REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in _SPECS}
+
+
+def get_spec(name: str) -> StrategySpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown strategy '{name}' (known: {', '.join(sorted(REGISTRY))})") from None

@@ -1,0 +1,176 @@
+"""The interface between a parallelism strategy and the one shared training loop.
+
+The loop (`shardlab.train`) calls, for every step:
+
+    for each micro-batch:  with strategy.accumulating(last=...): strategy.forward_backward(x, y, scale)
+    strategy.sync_gradients(); strategy.optimizer_step(); strategy.zero_grad()
+
+A strategy overrides only what its technique changes. Strategies that own the whole step
+(DeepSpeed's engine, pipeline schedules) override `forward_backward` / `optimizer_step` and keep
+the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from shardlab.topology import Topology
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy; `labels` are already shifted by the data loader."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
+
+
+def build_optimizer(params, training: dict) -> torch.optim.Optimizer:
+    params = [p for p in params if p.requires_grad]
+    if training["optimizer"] == "sgd":
+        return torch.optim.SGD(params, lr=training["lr"], weight_decay=training["weight_decay"])
+    return torch.optim.AdamW(params, lr=training["lr"], weight_decay=training["weight_decay"])
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The shard this rank holds (DTensor) or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def tensor_bytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            t = local_tensor(t)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(tensor_bytes(state.values()) for state in optimizer.state.values())
+
+
+class CommTimer:
+    """Wall time this rank spends blocked in communication it issues itself."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def blocked(self):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def pop(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+class Strategy:
+    """Default behaviour: one process, plain autograd, the whole batch on this rank."""
+
+    #: False when the strategy cannot measure its communication separately (e.g. DDP overlaps it inside backward).
+    measures_comm = False
+
+    def __init__(self, model: nn.Module, topo: Topology, training: dict, options: dict):
+        self.topo = topo
+        self.training = training
+        self.options = options
+        self.comm = CommTimer()
+        self.model = self.wrap(model.to(topo.device))
+        self.optimizer = build_optimizer(self.model.parameters(), training)
+
+    # --- set-up -------------------------------------------------------------------------
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Return the module the loop trains (wrapped, sharded or as is)."""
+        return model
+
+    @property
+    def dp_rank(self) -> int:
+        return self.topo.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.topo.world_size
+
+    @property
+    def dp_group(self):
+        return None  # the default (world) group
+
+    # --- one step -----------------------------------------------------------------------
+    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor):
+        """This rank's rows of the global batch (contiguous slice per data-parallel rank)."""
+        rows = inputs.shape[0] // self.dp_size
+        sl = slice(self.dp_rank * rows, (self.dp_rank + 1) * rows)
+        return inputs[sl], labels[sl]
+
+    def micro_batches(self, inputs: torch.Tensor, labels: torch.Tensor):
+        """Split the local batch for gradient accumulation (pipeline schedules keep it whole)."""
+        return split_micro_batches(inputs, labels, self.training.get("micro_batch_size"))
+
+    def autocast(self):
+        enabled = self.training["dtype"] == "bf16"
+        return torch.autocast(self.topo.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def accumulating(self, last: bool):
+        """Context for one micro-batch; strategies suppress gradient sync when `last` is False."""
+        return contextlib.nullcontext()
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
+        with self.autocast():
+            loss = causal_lm_loss(self.model(input_ids=inputs).logits, labels)
+        (loss * scale).backward()
+        return loss.detach()
+
+    def sync_gradients(self) -> None:
+        """Make every rank's gradients the global-batch gradients (no-op for one process)."""
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def evaluate(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Loss of this rank's share of a validation batch (reduce with `reduce_loss`)."""
+        with self.autocast():
+            return causal_lm_loss(self.model(input_ids=inputs).logits, labels)
+
+    def reduce_loss(self, loss: torch.Tensor) -> float:
+        """The global-batch mean loss on every rank (mean of the data-parallel ranks' means)."""
+        loss = loss.detach().float().clone()
+        if self.dp_size > 1:
+            dist.all_reduce(loss, group=self.dp_group)
+            loss /= self.dp_size
+        return float(loss)
+
+    # --- measurement --------------------------------------------------------------------
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds in parameters, gradients and optimizer state (call before zero_grad)."""
+        params = list(self.model.parameters())
+        return {
+            "param_bytes": tensor_bytes(params),
+            "grad_bytes": tensor_bytes(p.grad for p in params),
+            "optimizer_bytes": optimizer_state_bytes(self.optimizer),
+        }
+
+    def comm_seconds(self) -> float | None:
+        return self.comm.pop() if self.measures_comm else None
+
+    @property
+    def probe_module(self) -> nn.Module:
+        """The module tree whose forward the activation probe tags by submodule name."""
+        return self.model
+
+
+def split_micro_batches(inputs: torch.Tensor, labels: torch.Tensor, micro_batch_size: int | None):
+    if not micro_batch_size or micro_batch_size >= inputs.shape[0]:
+        return [(inputs, labels)]
+    return list(zip(inputs.split(micro_batch_size), labels.split(micro_batch_size)))

@@ -1,0 +1,23 @@
+"""Naive data parallelism: full forward and backward, then ONE blocking all-reduce of all gradients.
+
+Communication never overlaps computation: the whole gradient all-reduce sits on the critical path
+after backward. This is the baseline the study's overlapped variants are measured against.
+"""
+
+from shardlab.strategies.base import Strategy
+from shardlab.strategies.dp_comm import GradientBucket
+
+
+class NaiveDataParallel(Strategy):
+    measures_comm = True
+
+    def wrap(self, model):
+        self._bucket = GradientBucket("all", [p for p in model.parameters() if p.requires_grad])
+        return model
+
+    def sync_gradients(self) -> None:
+        if self.training["fault_injection"] == "skip_grad_average":
+            return  # test hook: each rank keeps its local gradient, so the runs must diverge
+        with self.comm.blocked():
+            self._bucket.launch(async_op=False)
+            self._bucket.finish(self.dp_size)

@@ -1,0 +1,84 @@
+"""The one training loop every strategy runs through: timing, memory probes, progress, records."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+
+from shardlab.data import TokenBatches
+from shardlab.memory import ActivationProbe, peak_memory, reset_peak
+from shardlab.metrics import StepLog
+from shardlab.strategies.base import Strategy
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _slowest_rank(seconds: float) -> float:
+    """A step is as slow as its slowest rank."""
+    t = torch.tensor([seconds], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def validation_loss(strategy: Strategy, batches: TokenBatches, n_batches: int) -> float:
+    losses = []
+    for inputs, labels in batches.validation(n_batches):
+        inputs, labels = strategy.local_batch(inputs, labels)
+        device = strategy.topo.device
+        losses.append(strategy.reduce_loss(strategy.evaluate(inputs.to(device), labels.to(device))))
+    return sum(losses) / len(losses)
+
+
+def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLog, label: str = "") -> dict:
+    """Run `training.steps` optimizer steps; returns this rank's memory measurements."""
+    topo, device = strategy.topo, strategy.topo.device
+    tokens_per_step = training["global_batch_size"] * training["seq_len"]
+    measured: dict = {}
+    reset_peak(device)
+    started = time.perf_counter()
+    for step in range(training["steps"]):
+        inputs, labels = strategy.local_batch(*batches.global_batch(step))
+        micro = strategy.micro_batches(inputs.to(device), labels.to(device))
+
+        _synchronize(device)
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for i, (x, y) in enumerate(micro):
+            # Step 0 (a warm-up step, never timed) also counts activations of its first micro-batch.
+            probe = ActivationProbe(strategy.probe_module) if step == 0 and i == 0 else contextlib.nullcontext()
+            with strategy.accumulating(last=i == len(micro) - 1), probe:
+                loss_sum += strategy.forward_backward(x, y, scale=1.0 / len(micro))
+            if isinstance(probe, ActivationProbe):
+                measured["activation_bytes"] = probe.total_bytes
+                measured["activation_by_module"] = probe.bytes_by_module()
+        strategy.sync_gradients()
+        strategy.optimizer_step()
+        _synchronize(device)
+        step_time = time.perf_counter() - t0
+
+        if step == 0:
+            measured.update(strategy.state_bytes())  # gradients and optimizer state exist now
+        strategy.zero_grad()
+        comm = strategy.comm_seconds()
+        loss = strategy.reduce_loss(loss_sum / len(micro))
+        step_time = _slowest_rank(step_time)
+        record = {"step": step, "loss": loss, "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time,
+                  "comm_time_s": comm, "elapsed_s": time.perf_counter() - started}
+        if (training["eval_every"] and (step + 1) % training["eval_every"] == 0) or step == training["steps"] - 1:
+            record["val_loss"] = validation_loss(strategy, batches, training["eval_batches"])
+        if topo.is_main:
+            log.append(record)
+            if step % training["log_every"] == 0 or step == training["steps"] - 1:
+                print(f"[{label}] step {step + 1}/{training['steps']} loss {loss:.4f} "
+                      f"{record['tokens_per_s']:,.0f} tokens/s ({step_time * 1e3:.1f} ms/step)", flush=True)
+    measured.update(peak_memory(device))
+    return measured

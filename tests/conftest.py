@@ -1,0 +1,81 @@
+"""Shared fixtures: a tiny model and token file built once per session, and a helper that runs
+strategies under real `torchrun` (through `shardlab.launch`, exactly as the workflow does)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from shardlab.config import deep_merge
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small enough that a 2-rank torchrun run takes seconds; SGD so that a sum-vs-mean gradient
+# error shows in the loss (Adam's normalisation would hide it); fp32, no dropout.
+TEST_EXPERIMENT = {
+    "name": "test",
+    "model": {"name": "test-neox", "source": "local", "hidden_size": 64, "num_layers": 2, "num_heads": 4,
+              "intermediate_size": 256, "vocab_size": 256, "max_position_embeddings": 128, "seed": 0},
+    "data": {"corpus": "aqsoldb", "path": str(REPO / "data/chemistry/aqsoldb.csv"), "format": "smiles",
+             "max_documents": 2000},
+    "training": {"steps": 6, "warmup_steps": 1, "seq_len": 32, "global_batch_size": 8, "micro_batch_size": None,
+                 "optimizer": "sgd", "lr": 0.5, "weight_decay": 0.0, "dtype": "fp32", "seed": 7, "log_every": 1,
+                 "eval_every": 0, "eval_batches": 1, "fault_injection": "none"},
+    "launch": {"world_size": 2, "device": "cpu", "backend": "gloo", "threads_per_rank": 1, "timeout_s": 300},
+    "strategy_options": {},
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory):
+    """(model_dir, tokens_path) for TEST_EXPERIMENT, built once."""
+    from shardlab.data import prepare_corpus
+    from shardlab.model import prepare_model
+
+    root = tmp_path_factory.mktemp("assets")
+    exp = TEST_EXPERIMENT
+    model_dir = prepare_model(exp["model"], root / "model")
+    prepare_corpus(exp["data"], exp["model"], model_dir, root / "data")
+    return model_dir, root / "data" / "tokens.npy"
+
+
+@pytest.fixture
+def run_strategy(tiny_assets, tmp_path):
+    """run_strategy(name, **overrides) -> (summary, per-step records): one real torchrun launch."""
+    from shardlab.launch import launch
+
+    model_dir, tokens = tiny_assets
+
+    def _run(strategy: str, overrides: dict | None = None):
+        exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), overrides or {})
+        exp_path = tmp_path / f"{strategy}-{len(list(tmp_path.iterdir()))}.json"
+        exp_path.write_text(json.dumps(exp))
+        out = tmp_path / "runs" / strategy
+        summary = launch(exp, exp_path, strategy, model_dir, tokens, out)
+        steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+        return summary, steps
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def reference_losses(tiny_assets, tmp_path_factory):
+    """Per-step losses of the single-device reference on TEST_EXPERIMENT (one launch per session)."""
+    from shardlab.launch import launch
+
+    model_dir, tokens = tiny_assets
+    tmp = tmp_path_factory.mktemp("reference")
+    exp_path = tmp / "exp.json"
+    exp_path.write_text(json.dumps(TEST_EXPERIMENT))
+    summary = launch(TEST_EXPERIMENT, exp_path, "single", model_dir, tokens, tmp / "runs" / "single")
+    assert summary["status"] == "ok", summary["reason"]
+    return [json.loads(line)["loss"] for line in (tmp / "runs" / "single" / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_losses_match(losses, reference, tol=1e-5):
+    assert len(losses) == len(reference)
+    worst = max(abs(a - b) for a, b in zip(losses, reference))
+    assert worst <= tol, f"max |loss - reference| = {worst:.3g} > {tol}"
