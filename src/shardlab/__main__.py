@@ -1,0 +1,31 @@
+"""`python -m shardlab <command> ...` (or `shardlab <command>`): the project's command line.
+
+Each command lives in the module that owns its logic; this file only dispatches.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "check-config": ("shardlab.config:main", "validate a config file without running anything"),
+    "prepare-model": ("shardlab.model:main", "build or download an experiment's model"),
+    "prepare-data": ("shardlab.data:main", "tokenize an experiment's corpus"),
+    "launch": ("shardlab.launch:main", "run one strategy under torchrun and record the outcome"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: python -m shardlab <command> [args]\n\ncommands:")
+        for name, (_, help_text) in COMMANDS.items():
+            print(f"  {name:16s} {help_text}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module, func = COMMANDS[argv[0]][0].split(":")
+    return getattr(importlib.import_module(module), func)(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
