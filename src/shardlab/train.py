@@ -81,4 +81,5 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
                 print(f"[{label}] step {step + 1}/{training['steps']} loss {loss:.4f} "
                       f"{record['tokens_per_s']:,.0f} tokens/s ({step_time * 1e3:.1f} ms/step)", flush=True)
     measured.update(peak_memory(device))
+    measured.update(strategy.extra_metrics())
     return measured

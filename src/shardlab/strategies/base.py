@@ -164,6 +164,14 @@ class Strategy:
     def comm_seconds(self) -> float | None:
         return self.comm.pop() if self.measures_comm else None
 
+    def extra_metrics(self) -> dict:
+        """Technique-specific measurements merged into this rank's summary entry after training.
+
+        Called once on every rank after the last step, so it may run collectives (e.g. a pipeline's
+        per-stage timings reduced over its group). Keys must be JSON-serialisable.
+        """
+        return {}
+
     @property
     def probe_module(self) -> nn.Module:
         """The module tree whose forward the activation probe tags by submodule name."""
