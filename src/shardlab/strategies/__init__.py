@@ -40,6 +40,14 @@ def _one(world_size: int, options: dict) -> int:
     return 1
 
 
+def _lazy(target: str) -> Callable[[dict, str], None]:
+    """A config check that lives in its technique's (torch-free) options module, imported on first use."""
+    def check(exp: dict, where: str) -> None:
+        module, func = target.split(":")
+        return getattr(importlib.import_module(f"shardlab.strategies.{module}"), func)(exp, where)
+    return check
+
+
 _SPECS = [
     StrategySpec("single", "shardlab.strategies.single:SingleDevice", "baseline",
                  "One process, the reference every parallel run is checked against.",
@@ -50,6 +58,16 @@ _SPECS = [
                  "Per-layer async all-reduce launched from gradient hooks, overlapping backward (hand-written)."),
     StrategySpec("ddp", "shardlab.strategies.ddp:TorchDDP", "data parallel",
                  "torch DistributedDataParallel: bucketed all-reduce overlapped with backward."),
+    StrategySpec("cp_ring", "shardlab.strategies.context_parallel.strategy:ContextParallelRing", "context parallel",
+                 "Sequence sharded zig-zag over ranks; hand-written ring attention (K/V blocks rotate by send/recv).",
+                 data_parallel_size=_one, check_options=_lazy("context_parallel.options:check_cp_options")),
+    StrategySpec("moe_single", "shardlab.strategies.expert_parallel.strategy:MoESingle", "expert parallel",
+                 "The mixture-of-experts model in one process: the reference for ep_moe.",
+                 single_process=True, data_parallel_size=_one,
+                 check_options=_lazy("expert_parallel.options:check_moe_options")),
+    StrategySpec("ep_moe", "shardlab.strategies.expert_parallel.strategy:ExpertParallelMoE", "expert parallel",
+                 "Mixture of experts with experts sharded over ranks; tokens dispatched by uneven all-to-all.",
+                 check_options=_lazy("expert_parallel.options:check_moe_options")),
 ]
 
 REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in _SPECS}

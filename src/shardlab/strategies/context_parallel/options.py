@@ -1,0 +1,20 @@
+"""Config checks for `cp_ring` (torch-free: the Snakefile validates configs before any run)."""
+
+from __future__ import annotations
+
+
+def check_cp_options(exp: dict, where: str) -> None:
+    from shardlab.config import ConfigError, world_size_for
+
+    unknown = set(exp.get("strategy_options", {}).get("cp_ring", {})) - {"world_size"}
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown option for cp_ring (known: world_size)")
+    cp = world_size_for(exp, "cp_ring")
+    if cp == "auto":
+        return  # checked again by the sharding code once the world size is known
+    seq_len = exp["training"]["seq_len"]
+    if seq_len % (2 * cp):
+        experiment = where.split(".strategy_options")[0]
+        raise ConfigError(f"{experiment}.training.seq_len",
+                          f"{seq_len} is not divisible by 2 x {cp} context-parallel ranks = {2 * cp}: zig-zag "
+                          f"sharding gives each rank two equal chunks (use a multiple of {2 * cp})")
