@@ -108,3 +108,33 @@ def test_ep_moe_matches_unsharded_moe(run_strategy):
         assert ref_rank["param_bytes"] - rank["param_bytes"] == ref_rank["expert_param_bytes"] // 2
     assert [r["moe"]["first_expert"] for r in ranks] == [0, 2]
     assert sharded["comm_time_median_s"] > 0
+
+
+def test_context_expert_tables_from_summaries(tmp_path):
+    """The report's tables: per-rank CP memory with the experiment's sequence length, per-expert load."""
+    import json
+
+    from shardlab.context_expert_tables import build_tables
+
+    def write(exp, strategy, summary, settings):
+        run = tmp_path / exp / "runs" / strategy
+        run.mkdir(parents=True)
+        (tmp_path / exp / "experiment.json").write_text(json.dumps(settings))
+        (run / "summary.json").write_text(json.dumps(dict(summary, experiment=exp, strategy=strategy)))
+        return run / "summary.json"
+
+    settings = {"training": {"seq_len": 128, "global_batch_size": 8}}
+    paths = [
+        write("cp", "single", {"status": "ok", "tokens_per_s": 10.0, "ranks": [{"rank": 0, "activation_bytes": 100}]}, settings),
+        write("cp", "cp_ring", {"status": "ok", "tokens_per_s": 8.0, "ranks": [
+            {"rank": 0, "activation_bytes": 50, "cp_size": 2}, {"rank": 1, "activation_bytes": 51, "cp_size": 2}]}, settings),
+        write("moe", "ep_moe", {"status": "ok", "ranks": [
+            {"rank": r, "expert_routed": [[6, 2]], "expert_kept": [[4, 2]]} for r in (0, 1)]}, settings),
+        write("moe", "moe_single", {"status": "failed", "ranks": []}, settings),
+    ]
+    tables = build_tables(paths)
+    cp = tables["cp_memory"]
+    assert cp[["strategy", "cp_size", "seq_len", "activation_bytes"]].values.tolist() == [
+        ["single", 1, 128, 100], ["cp_ring", 2, 128, 50], ["cp_ring", 2, 128, 51]]
+    load = tables["expert_load"]
+    assert load[["expert", "routed", "kept", "dropped", "routed_share"]].values.tolist() == [[0, 6, 4, 2, 0.75], [1, 2, 2, 0, 0.25]]
