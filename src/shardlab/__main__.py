@@ -9,7 +9,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "check-config": ("shardlab.config:main", "validate a config file without running anything"),
+    "check-config": ("shardlab.config:check_main", "validate a config file without running anything"),
     "prepare-model": ("shardlab.model:main", "build or download an experiment's model"),
     "prepare-data": ("shardlab.data:main", "tokenize an experiment's corpus"),
     "launch": ("shardlab.launch:main", "run one strategy under torchrun and record the outcome"),

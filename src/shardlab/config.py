@@ -128,6 +128,12 @@ def check_experiment(exp: dict, base_dir: Path | str = ".") -> None:
 
     if not (Path(base_dir) / data["path"]).is_file():
         raise ConfigError(f"{where}.data.path", f"file not found: {data['path']}")
+    extra_files = {f"{where}.data.split.test_path": (data.get("split") or {}).get("test_path"),
+                   **{f"{where}.evaluation.extra_test_sets.{k}": v
+                      for k, v in (exp.get("evaluation") or {}).get("extra_test_sets", {}).items()}}
+    for field, path in extra_files.items():
+        if path and not (Path(base_dir) / path).is_file():
+            raise ConfigError(field, f"file not found: {path}")
     if data["format"] not in TEXT_FORMATS:
         raise ConfigError(f"{where}.data.format", f"unknown format '{data['format']}' (known: {', '.join(sorted(TEXT_FORMATS))})")
     if training["warmup_steps"] >= training["steps"]:
@@ -170,8 +176,8 @@ def config_hash(exp: dict) -> str:
     return hashlib.sha256(json.dumps(exp, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.config check CONFIG` validates a config file without running anything."""
+def check_main(argv: list[str] | None = None) -> int:
+    """`python -m shardlab check-config CONFIG`: validate a config file without running anything."""
     import argparse
     import sys
 
@@ -185,3 +191,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"ok: {args.config} ({len(cfg['experiments'])} experiments)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shardlab.config check CONFIG` | `write SETTINGS_JSON OUT` (the latter used by the workflow)."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[0] == "write":
+        Path(argv[2]).parent.mkdir(parents=True, exist_ok=True)
+        Path(argv[2]).write_text(json.dumps(json.loads(argv[1]), indent=2, sort_keys=True))
+        return 0
+    if argv and argv[0] == "check":
+        return check_main(argv[1:])
+    print("usage: python -m shardlab.config check CONFIG | write SETTINGS_JSON OUT", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,19 +26,42 @@ def smiles_text(row: dict) -> str | None:
 TEXT_FORMATS: dict[str, Callable[[dict], str | None]] = {"smiles": smiles_text}
 
 
-def read_documents(path: Path | str, fmt: str, max_documents: int | None = None) -> tuple[list[str], int]:
-    """The corpus' documents and how many malformed rows were skipped."""
+def _register_science_formats() -> None:
+    from shardlab.science.formats import FORMATS  # conditional text: <logS=..>, <class=..>, <gap=..>
+
+    TEXT_FORMATS.update(FORMATS)
+
+
+_register_science_formats()
+
+
+def _rows(path: Path | str, split: dict | None, part: str | None):
+    """The CSV's rows, or only those of one deterministic split part (`data.split`)."""
+    if split and part:
+        from shardlab.science.splits import rows_of_part
+
+        yield from rows_of_part(path, split, part)
+        return
+    with open(path, newline="") as fh:
+        yield from csv.DictReader(fh)
+
+
+def read_documents(path: Path | str, fmt: str, max_documents: int | None = None,
+                   split: dict | None = None, part: str | None = None) -> tuple[list[str], int]:
+    """The corpus' documents and how many malformed rows were skipped.
+
+    With `split` (the `data.split` settings) and `part`, only rows of that part are read.
+    """
     to_text = TEXT_FORMATS[fmt]
     docs, skipped = [], 0
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            text = to_text(row)
-            if text is None:
-                skipped += 1
-                continue
-            docs.append(text)
-            if max_documents and len(docs) >= max_documents:
-                break
+    for row in _rows(path, split, part):
+        text = to_text(row)
+        if text is None:
+            skipped += 1
+            continue
+        docs.append(text)
+        if max_documents and len(docs) >= max_documents:
+            break
     return docs, skipped
 
 
@@ -72,7 +95,9 @@ def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:
 def prepare_corpus(data_cfg: dict, model_cfg: dict, model_dir: Path | str, out_dir: Path | str) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    docs, skipped = read_documents(data_cfg["path"], data_cfg["format"], data_cfg.get("max_documents"))
+    split = data_cfg.get("split")
+    docs, skipped = read_documents(data_cfg["path"], data_cfg["format"], data_cfg.get("max_documents"),
+                                   split, split and split.get("part", "train"))
     if model_cfg["source"] == "local":
         tokenizer = fit_tokenizer(docs, model_cfg["vocab_size"])
     else:
@@ -122,16 +147,16 @@ class TokenBatches:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.data --config exp.json --model-dir DIR --out DIR`: tokenize the corpus."""
+    """`python -m shardlab.data --data-json '{...}' --model-json '{...}' --model-dir DIR --out DIR`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="shardlab.data")
-    parser.add_argument("--config", type=Path, required=True, help="resolved experiment JSON")
+    parser = argparse.ArgumentParser(prog="shardlab.data", description="Tokenize a corpus for a model.")
+    parser.add_argument("--data-json", required=True, help="the experiment's `data` settings as JSON")
+    parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    exp = json.loads(args.config.read_text())
-    meta = prepare_corpus(exp["data"], exp["model"], args.model_dir, args.out)
+    meta = prepare_corpus(json.loads(args.data_json), json.loads(args.model_json), args.model_dir, args.out)
     print(f"corpus '{meta['corpus']}': {meta['documents']} documents, {meta['tokens']} tokens, "
           f"{meta['skipped_rows']} malformed rows skipped -> {args.out}")
     return 0

@@ -29,6 +29,8 @@ def resolve_world_size(exp: dict, strategy: str) -> int:
     world = world_size_for(exp, strategy)
     if world != "auto":
         return int(world)
+    if os.environ.get("RUNPOD_GPU_COUNT"):  # set on RunPod pods
+        return int(os.environ["RUNPOD_GPU_COUNT"])
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
@@ -80,7 +82,7 @@ def failure_reason(attempt: Path, rc: int | None, timed_out: bool, timeout_s: in
 
 def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    attempt = out.parent.parent / "attempts" / strategy / time.strftime("%Y%m%d-%H%M%S")
+    attempt = out.parent.parent / "attempts" / strategy / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     attempt.mkdir(parents=True, exist_ok=True)
     timeout_s = exp["launch"]["timeout_s"]
     base = {"experiment": exp["name"], "strategy": strategy, "family": get_spec(strategy).family,
@@ -110,6 +112,11 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
     for name in RUN_FILES:
         if (attempt / name).exists():
             shutil.copy2(attempt / name, out / name)
+    if (attempt / "artifacts").is_dir():  # what the strategy saved to show what ran (e.g. ds_config.json)
+        shutil.copytree(attempt / "artifacts", out / "artifacts", dirs_exist_ok=True)
+    shutil.rmtree(out / "model", ignore_errors=True)  # never leave an earlier attempt's model behind
+    if (attempt / "model").is_dir():  # training.save_model
+        shutil.copytree(attempt / "model", out / "model")
     return summary
 
 

@@ -86,15 +86,15 @@ def count_parameters(model) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.model --config exp.json --out DIR`: build or download the experiment's model."""
+    """`python -m shardlab.model --model-json '{...}' --out DIR`: build or download a model."""
     import argparse
     import sys
 
     parser = argparse.ArgumentParser(prog="shardlab.model")
-    parser.add_argument("--config", type=Path, required=True, help="resolved experiment JSON")
+    parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    model_cfg = json.loads(args.config.read_text())["model"]
+    model_cfg = json.loads(args.model_json)
     try:
         prepare_model(model_cfg, args.out)
     except ModelUnavailable as err:

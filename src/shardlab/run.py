@@ -65,6 +65,17 @@ def summarize(exp: dict, strategy: str, records: list[dict], ranks: list[dict], 
     }
 
 
+def save_final_model(strategy, model, tokenizer_dir: Path, out: Path) -> None:
+    """Rank 0 writes the trained weights (gathered by the strategy) and the corpus' tokenizer."""
+    state = strategy.full_state_dict()  # collective for sharded strategies: every rank calls it
+    if state is None:
+        return
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(out, state_dict=state)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+
+
 def run(args: argparse.Namespace) -> None:
     exp = json.loads(args.experiment_config.read_text())
     training = exp["training"]
@@ -76,6 +87,10 @@ def run(args: argparse.Namespace) -> None:
         n_params = count_parameters(model)
         options = exp.get("strategy_options", {}).get(args.strategy, {})
         strategy = get_spec(args.strategy).load()(model, topo, training, options)
+        if topo.is_main and strategy.artifacts():
+            (out / "artifacts").mkdir(exist_ok=True)
+            for name, content in strategy.artifacts().items():
+                write_json(out / "artifacts" / name, content)
         batches = TokenBatches.from_file(args.tokens, training)
         log = StepLog(out / "metrics.jsonl" if topo.is_main else None)
         if topo.is_main:
@@ -83,6 +98,8 @@ def run(args: argparse.Namespace) -> None:
                   f"{topo.backend} on {topo.device.type}", flush=True)
         started = time.time()
         measured = train(strategy, batches, training, log, label=args.strategy)
+        if training.get("save_model"):
+            save_final_model(strategy, model, args.tokens.parent, out / "model")
         measured["rank"] = topo.rank
         ranks = [None] * topo.world_size
         dist.all_gather_object(ranks, measured)

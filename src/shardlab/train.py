@@ -49,6 +49,8 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
         inputs, labels = strategy.local_batch(*batches.global_batch(step))
         micro = strategy.micro_batches(inputs.to(device), labels.to(device))
 
+        if step == 1 and training["fault_injection"] == "raise_oom":
+            raise torch.OutOfMemoryError("fault injection: simulated out of memory at step 1")
         _synchronize(device)
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device)

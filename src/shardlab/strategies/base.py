@@ -84,12 +84,20 @@ class Strategy:
         self.options = options
         self.comm = CommTimer()
         self.model = self.wrap(model.to(topo.device))
-        self.optimizer = build_optimizer(self.model.parameters(), training)
+        self.optimizer = self.make_optimizer()
 
     # --- set-up -------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
         """Return the module the loop trains (wrapped, sharded or as is)."""
         return model
+
+    def make_optimizer(self):
+        """The optimizer the loop steps (engines that build their own, e.g. DeepSpeed's, return theirs)."""
+        return build_optimizer(self.model.parameters(), self.training)
+
+    def artifacts(self) -> dict[str, object]:
+        """Files (name -> JSON-able content) to save beside the run's results, e.g. an engine's config."""
+        return {}
 
     @property
     def dp_rank(self) -> int:
@@ -150,6 +158,18 @@ class Strategy:
             dist.all_reduce(loss, group=self.dp_group)
             loss /= self.dp_size
         return float(loss)
+
+    # --- results --------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The complete, unsharded model state on the main rank (None elsewhere); call on every rank.
+
+        Default: every rank holds the whole model, so rank 0 copies its own (DDP's wrapper unwrapped).
+        Sharded strategies override this to gather their shards.
+        """
+        if not self.topo.is_main:
+            return None
+        module = getattr(self.model, "module", self.model)
+        return {name: local_tensor(t).detach().cpu().clone() for name, t in module.state_dict().items()}
 
     # --- measurement --------------------------------------------------------------------
     def state_bytes(self) -> dict[str, int]:

@@ -1,0 +1,24 @@
+# shardlab: one DAG from model to rendered report.
+#   snakemake --cores all                      # embedded CPU study (config/config.yaml)
+#   snakemake --cores all --profile runpod     # multi-GPU pod (profiles/runpod, config/runpod.yaml)
+from snakemake.utils import min_version
+
+min_version("8.20")
+
+# The embedded default study, unless a --configfile replaces it (e.g. config/test.yaml).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/prepare.smk"
+include: "workflow/rules/run.smk"
+include: "workflow/rules/metrics.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.render_report.output.html,

@@ -1,0 +1,1 @@
+"""Rendering the report and the chart helpers its sections use (no training code here)."""

@@ -1,0 +1,46 @@
+"""Chart helpers for the report: offline-safe Altair output and PNG/SVG files beside the HTML."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import altair as alt
+
+FIGURES = Path("figures")
+MIB = 1024**2
+_bundle_sent = False
+
+
+def _offline_html(spec: dict, **_metadata) -> dict:
+    """Altair renderer: the Vega bundle (vl-convert's, ~0.9 MB) is inlined ONCE per report, and each
+    chart is a div plus a scoped embed call. Altair's own "inline" template repeats the bundle in
+    every chart, and its top-level `const`s collide when several charts share one page."""
+    global _bundle_sent
+    import vl_convert
+
+    div = f"chart-{uuid.uuid4().hex[:12]}"
+    html = ""
+    if not _bundle_sent:
+        html += f'<script type="text/javascript">{vl_convert.javascript_bundle()}</script>\n'
+        _bundle_sent = True
+    html += (f'<div id="{div}"></div>\n<script type="text/javascript">(function () {{'
+             f' vegaEmbed("#{div}", {json.dumps(spec)}, {{"mode": "vega-lite", "actions": false}})'
+             f'.catch(console.error); }})();</script>')
+    return {"text/html": html}
+
+
+def setup() -> None:
+    """Render charts offline (Vega inlined once) and drop Altair's 5,000-row limit."""
+    alt.renderers.register("shardlab_offline", _offline_html)
+    alt.renderers.enable("shardlab_offline")
+    alt.data_transformers.disable_max_rows()
+
+
+def save_chart(chart: alt.TopLevelMixin, name: str) -> alt.TopLevelMixin:
+    """Write figures/<name>.png and .svg (vl-convert, offline) and return the chart for display."""
+    FIGURES.mkdir(exist_ok=True)
+    chart.save(str(FIGURES / f"{name}.svg"))
+    chart.save(str(FIGURES / f"{name}.png"), scale_factor=2)
+    return chart

@@ -1,0 +1,98 @@
+"""Render reports/report.qmd to HTML: `quarto render` when Quarto is on PATH, else a fallback.
+
+The fallback executes the same .qmd without Quarto: includes are expanded, jupytext's Rmd reader
+turns ```{python} chunks into notebook cells, nbclient runs them, nbconvert exports HTML with the
+inputs hidden per `#| echo: false` / `#| include: false`. Quarto-only features (cross-references,
+callouts, tabsets) are not used by the report so both renderers give the same content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+INCLUDE = re.compile(r"^\{\{<\s*include\s+(\S+)\s*>\}\}\s*$", re.MULTILINE)
+FALLBACK = "fallback (jupytext + nbclient + nbconvert; quarto not on PATH)"
+
+
+def stage(qmd: Path, out_dir: Path) -> Path:
+    """Copy the report and its sections next to the outputs: the report runs in out_dir and reads ../tables."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sections = qmd.parent / "sections"
+    if sections.is_dir():
+        shutil.copytree(sections, out_dir / "sections", dirs_exist_ok=True)
+    staged = out_dir / qmd.name
+    shutil.copy2(qmd, staged)
+    return staged
+
+
+def expand_includes(text: str, base: Path) -> str:
+    """Inline `{{< include path >}}` lines (Quarto's include shortcode), recursively."""
+    return INCLUDE.sub(lambda m: expand_includes((base / m.group(1)).read_text(), (base / m.group(1)).parent), text)
+
+
+def _cell_options(source: str) -> dict[str, str]:
+    return dict(re.findall(r"^#\|\s*([\w-]+):\s*(.+?)\s*$", source, re.MULTILINE))
+
+
+def render_fallback(qmd: Path, title: str) -> Path:
+    import jupytext
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import TagRemovePreprocessor
+
+    notebook = jupytext.reads(expand_includes(qmd.read_text(), qmd.parent), fmt="Rmd")
+    notebook.cells = [c for c in notebook.cells if c.cell_type != "raw"]  # the YAML header
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(f"# {title}"))
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        options = _cell_options(cell.source)
+        tags = cell.metadata.setdefault("tags", [])
+        if options.get("include") == "false":
+            tags.append("remove_cell")
+        elif options.get("echo", "false") == "false":  # the report's default: results, not code
+            tags.append("remove_input")
+    NotebookClient(notebook, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(qmd.parent)}}).execute()
+    exporter = HTMLExporter()
+    exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={"remove_cell"},
+                                                         remove_input_tags={"remove_input"}), enabled=True)
+    exporter.exclude_input_prompt = exporter.exclude_output_prompt = True
+    notebook.metadata["title"] = title
+    body, _ = exporter.from_notebook_node(notebook)
+    html = qmd.with_suffix(".html")
+    html.write_text(body)
+    return html
+
+
+def render(qmd: Path, out_dir: Path, title: str) -> tuple[Path, str]:
+    staged = stage(qmd, out_dir)
+    if shutil.which("quarto"):
+        subprocess.run(["quarto", "render", staged.name, "--to", "html"], cwd=out_dir, check=True)
+        renderer = "quarto"
+        html = staged.with_suffix(".html")
+    else:
+        html, renderer = render_fallback(staged, title), FALLBACK
+    (out_dir / "renderer.txt").write_text(renderer + "\n")
+    return html, renderer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shardlab.reporting.render", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--qmd", type=Path, default=Path("reports/report.qmd"))
+    parser.add_argument("--out-dir", type=Path, default=Path("results/report"))
+    parser.add_argument("--title", default="shardlab study report")
+    args = parser.parse_args(argv)
+    html, renderer = render(args.qmd.resolve(), args.out_dir.resolve(), args.title)
+    print(f"report rendered with {renderer} -> {html}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Bad configuration stops everything before any job runs, with a message naming the field."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from shardlab.config import ConfigError, validate_config
+
+BASE = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+
+
+def mutated(path: str, value):
+    """A copy of the test config with `path` (dot-separated) set to `value` (None deletes the key)."""
+    cfg = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = cfg
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    return cfg
+
+
+BAD_CONFIGS = [
+    ("experiments.data_parallel.strategies", ["single", "warp_drive"], "experiments.data_parallel.strategies[1]", "unknown strategy"),
+    ("defaults.launch.world_size", 0, "defaults.launch.world_size", ""),
+    ("defaults.training.steps", -5, "defaults.training.steps", "minimum"),
+    ("defaults.data.path", "data/missing.csv", "experiments.data_parallel.data.path", "file not found"),
+    ("defaults.training.global_batch_size", 7, "experiments.data_parallel.training.global_batch_size", "not divisible"),
+    ("defaults.training.micro_batch_size", 3, "experiments.data_parallel.training.micro_batch_size", "does not divide"),
+    ("defaults.model.num_heads", 5, "experiments.data_parallel.model.num_heads", "must divide hidden_size"),
+    ("defaults.training.seq_len", 4096, "experiments.data_parallel.training.seq_len", "max_position_embeddings"),
+    ("defaults.training.optimizer", "adagrad", "defaults.training.optimizer", ""),
+    ("defaults.model.source", "hub", "experiments.data_parallel.model.hub_id", "required"),
+    ("defaults.data.format", "fasta", "experiments.data_parallel.data.format", "unknown format"),
+    ("defaults.training.warmup_steps", 6, "experiments.data_parallel.training.warmup_steps", "smaller than"),
+    ("defaults.launch.backend", "mpi", "defaults.launch.backend", ""),
+    ("defaults.training.lr", 0, "defaults.training.lr", ""),
+    ("experiments", {}, "experiments", ""),
+    ("defaults.training.typo_field", 1, "defaults.training", "typo_field"),
+]
+
+
+@pytest.mark.parametrize("path,value,field,problem", BAD_CONFIGS, ids=[c[0] + "=" + str(c[1])[:12] for c in BAD_CONFIGS])
+def test_bad_config_is_rejected_naming_the_field(path, value, field, problem):
+    with pytest.raises(ConfigError) as err:
+        validate_config(mutated(path, value), base_dir=REPO)
+    assert err.value.field == field, str(err.value)
+    assert problem in str(err.value)
+
+
+def test_good_configs_pass():
+    for name in ("config.yaml", "test.yaml", "runpod.yaml"):
+        validate_config(yaml.safe_load((REPO / "config" / name).read_text()), base_dir=REPO)
+
+
+def test_schema_defaults_are_filled():
+    cfg = validate_config(copy.deepcopy(BASE), base_dir=REPO)
+    assert cfg["defaults"]["training"]["dtype"] == "fp32"
+    assert cfg["defaults"]["training"]["fault_injection"] == "none"
+
+
+def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(mutated("defaults.training.global_batch_size", 7)))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(bad)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "experiments.data_parallel.training.global_batch_size" in proc.stdout + proc.stderr
+    assert "rule run_strategy" not in proc.stdout  # nothing was scheduled

@@ -1,0 +1,39 @@
+# Stage 3: one torchrun job per (experiment, strategy). A failed or OOM run still produces its
+# summary.json (status + reason), so the DAG goes on. Every attempt is also kept under
+# results/<exp>/attempts/, which Snakemake never deletes.
+
+
+rule experiment_settings:
+    output:
+        f"{RESULTS}/{{exp}}/experiment.json",
+    log:
+        f"{RESULTS}/{{exp}}/logs/experiment.log",
+    conda:
+        ENV
+    params:
+        # A change to an experiment's settings changes this param and reruns only that experiment.
+        settings=lambda w: json.dumps(EXPERIMENTS[w.exp], sort_keys=True),
+    shell:
+        "python -m shardlab.config write {params.settings:q} {output} > {log} 2>&1"
+
+
+rule run_strategy:
+    input:
+        settings=f"{RESULTS}/{{exp}}/experiment.json",
+        model=lambda w: f"{model_dir(EXPERIMENTS[w.exp]['model']['name'])}/shardlab_model.json",
+        tokens=lambda w: tokens_path(w.exp),
+    output:
+        summary=f"{RESULTS}/{{exp}}/runs/{{strategy}}/summary.json",
+        metrics=f"{RESULTS}/{{exp}}/runs/{{strategy}}/metrics.jsonl",
+    log:
+        f"{RESULTS}/{{exp}}/logs/{{strategy}}.log",
+    conda:
+        ENV
+    # All cores: runs never overlap, so no run's timings are polluted by another's.
+    threads: workflow.cores
+    params:
+        model_dir=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
+        out=lambda w: run_dir(w.exp, w.strategy),
+    shell:
+        "python -m shardlab.launch --experiment-config {input.settings} --strategy {wildcards.strategy}"
+        " --model-dir {params.model_dir} --tokens {input.tokens} --out {params.out} 2>&1 | tee {log}"
