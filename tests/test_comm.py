@@ -151,6 +151,7 @@ def test_unknown_strategy_gives_no_plan():
 def _tables():
     exp = dict(TEST_EXPERIMENT, name="e")
     runs = pd.DataFrame([
+        {"experiment": "e", "strategy": "single", "status": "ok", "world_size": 1, "step_time_median_s": 0.05},
         {"experiment": "e", "strategy": "dp_naive", "status": "ok", "world_size": 2, "step_time_median_s": 0.10,
          "comm_time_median_s": 0.04},
         {"experiment": "e", "strategy": "ddp", "status": "ok", "world_size": 2, "step_time_median_s": 0.08,
@@ -166,13 +167,14 @@ def _tables():
 def test_share_uses_measured_time_where_recorded_and_predicts_elsewhere(tmp_path):
     runs, experiments, fits = _tables()
     share = share_table(runs, experiments, fits, tmp_path).set_index("strategy")
-    assert list(share.index) == ["dp_naive", "ddp", "warp_drive"]  # the OOM run has no step time
+    assert list(share.index) == ["single", "dp_naive", "ddp", "warp_drive"]  # the OOM run has no step time
     predicted = 1e-4 + PARAMS * 4 / 0.1e9
     assert share.loc["dp_naive", "comm_source"].startswith("measured")
     assert share.loc["dp_naive", "comm_share"] == pytest.approx(0.4)
     assert share.loc["dp_naive", "comm_predicted_s"] == pytest.approx(predicted)
     assert share.loc["ddp", "comm_source"].startswith("predicted")
     assert share.loc["ddp", "comm_share"] == pytest.approx(predicted / 0.08)
+    assert share.loc["single", "comm_source"].startswith("none") and share.loc["single", "comm_share"] == 0
     assert share.loc["warp_drive", "comm_source"] == "unknown" and pd.isna(share.loc["warp_drive", "comm_share"])
 
 
@@ -180,7 +182,8 @@ def test_whatif_faster_links_and_overlap_never_slow_a_step(tmp_path):
     runs, experiments, fits = _tables()
     share = share_table(runs, experiments, fits, tmp_path)
     whatif = whatif_table(share, experiments, fits, tmp_path)
-    assert set(whatif["strategy"]) == {"dp_naive", "ddp"}
+    assert set(whatif["strategy"]) == {"single", "dp_naive", "ddp"}
+    assert (whatif[whatif.strategy == "single"]["predicted_step_s"] == 0.05).all()  # no communication to swap
     assert set(whatif["link"]) == {MEASURED_LINK, *(link.name for link in LINKS)}
     for (_, overlap), group in whatif[whatif["link"] != MEASURED_LINK].groupby(["strategy", "overlap"]):
         steps = group.sort_values("bandwidth_GBps")["predicted_step_s"].to_numpy()

@@ -20,7 +20,7 @@ import numpy as np
 
 from shardlab.comm.collectives import bus_factor
 
-FIT_COLUMNS = ["collective", "world_size", "backend", "device", "device_name", "alpha_s", "beta_GBps", "r2",
+FIT_COLUMNS = ["collective", "world_size", "backend", "device", "device_name", "bus_factor", "alpha_s", "beta_GBps", "r2",
                "rel_err_median", "rel_err_max", "n_points", "min_bytes", "max_bytes", "status"]
 
 
@@ -88,7 +88,7 @@ def fit_table(bench) -> "pd.DataFrame":  # noqa: F821
         n = int(first["world_size"])
         bus = ok["size_bytes"].astype(float) * bus_factor(collective, n)
         model, quality = fit_alpha_beta(bus, ok["time_s"].astype(float))
-        rows.append(dict(base, alpha_s=model.alpha_s, beta_GBps=model.beta_Bps / 1e9, r2=quality.r2,
+        rows.append(dict(base, bus_factor=bus_factor(collective, n), alpha_s=model.alpha_s, beta_GBps=model.beta_Bps / 1e9, r2=quality.r2,
                          rel_err_median=quality.rel_err_median, rel_err_max=quality.rel_err_max,
                          n_points=quality.n_points, min_bytes=int(ok["size_bytes"].min()),
                          max_bytes=int(ok["size_bytes"].max()), status="ok"))

@@ -91,7 +91,9 @@ def share_table(runs: pd.DataFrame, experiments: dict[str, dict], fits: pd.DataF
         plan = experiment_plan(exp, run["strategy"], int(run["world_size"]), resources_dir)
         predicted = plan_seconds(plan, models) if plan is not None else None
         measured = _value(run, "comm_time_median_s")
-        if measured is not None:
+        if plan == []:
+            comm, source = 0.0, "none (one process)"
+        elif measured is not None:
             comm, source = float(measured), "measured (timed blocking waits)"
         elif predicted is not None:
             comm, source = predicted, "predicted (alpha-beta)"
