@@ -11,7 +11,7 @@ from conftest import TEST_EXPERIMENT
 from shardlab.comm.alpha_beta import AlphaBeta, fit_alpha_beta, fit_table, models_from_table
 from shardlab.comm.collectives import COLLECTIVES, bus_factor, busbw
 from shardlab.comm.volume import ModelShape, StepShape, bytes_per_rank, comm_plan
-from shardlab.comm.whatif import LINKS, MEASURED_LINK, share_table, whatif_table
+from shardlab.comm.whatif import LINKS, MEASURED_LINK, projection_table, share_table, whatif_table
 from shardlab.config import ConfigError
 
 # --- bus bandwidth (nccl-tests PERFORMANCE.md) --------------------------------------------------
@@ -194,6 +194,19 @@ def test_whatif_faster_links_and_overlap_never_slow_a_step(tmp_path):
     # predicts the measured communication: compute 0.06 s + the predicted 0.0054 s.
     naive = whatif[(whatif.strategy == "dp_naive") & (whatif.link == MEASURED_LINK) & (whatif.overlap == "none")]
     assert float(naive["predicted_step_s"].iloc[0]) == pytest.approx(0.06 + 1e-4 + PARAMS * 4 / 0.1e9)
+
+
+def test_projection_at_the_study_scale():
+    """Pythia-6.9B shape: ~6.86e9 parameters, so DDP all-reduces 2*(7/8)*4 bytes of each per step."""
+    table = projection_table()
+    ddp = table[(table.strategy == "ddp")].set_index("link")
+    params = ddp["bytes_per_rank"].iloc[0] / (4 * 2 * 7 / 8)
+    assert 6.8e9 < params < 6.9e9
+    # 10 GbE: 1.75 * 27.4 GB at 1.25 GB/s is ~38 s of gradient traffic per step; NVLink 100x less.
+    assert ddp.loc["10 Gb/s Ethernet", "comm_s"] == pytest.approx(ddp["bytes_per_rank"].iloc[0] / 1.25e9 + 30e-6)
+    zero3 = table[table.strategy == "zero3"]["bytes_per_rank"].iloc[0]
+    assert zero3 == pytest.approx(1.5 * ddp["bytes_per_rank"].iloc[0])
+    assert table["comm_s"].notna().all()
 
 
 def test_alpha_beta_predicts_nothing_on_one_rank():

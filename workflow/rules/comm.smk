@@ -2,7 +2,7 @@
 # fit, then each run's communication volume, share of step time and what-if step times.
 
 COMM_BENCH_TABLES = [f"{RESULTS}/tables/{name}.csv" for name in ("comm_bench", "comm_fit")]
-COMM_MODEL_TABLES = [f"{RESULTS}/tables/{name}.csv" for name in ("comm_volume", "comm_share", "comm_whatif")]
+COMM_MODEL_TABLES = [f"{RESULTS}/tables/{name}.csv" for name in ("comm_volume", "comm_share", "comm_whatif", "comm_projection")]
 
 
 rule comm_bench:

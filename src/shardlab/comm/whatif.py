@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardlab.comm.alpha_beta import AlphaBeta, models_from_table
-from shardlab.comm.volume import Call, bytes_per_rank, experiment_plan
+from shardlab.comm.volume import Call, ModelShape, StepShape, bytes_per_rank, comm_plan, experiment_plan
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,26 @@ def whatif_table(share: pd.DataFrame, experiments: dict[str, dict], fits: pd.Dat
                                        "comm_s", "predicted_step_s", "measured_step_s"])
 
 
+# The study's scale: the Pythia-6.9B shape it fine-tunes, on 8 ranks, bf16 activations, 32 sequences of 2048
+# tokens per step in micro-batches of 1. Communication only: no compute time exists at this scale here.
+PROJECTION_LABEL = "Pythia-6.9B shape, 8 ranks, 32 x 2048 tokens/step, bf16 activations, fp32 gradients"
+PROJECTION_MODEL = ModelShape(vocab_size=50432, hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=16384)
+PROJECTION_STEP = StepShape(global_batch=32, seq_len=2048, micro_batch=1, activation_bytes=2)
+PROJECTION_STRATEGIES = ("ddp", "zero2", "zero3", "tp", "tp_sp", "pp_1f1b", "cp_ring", "ep_moe", "hybrid")
+
+
+def projection_table(world: int = 8, links: list[Link] = LINKS) -> pd.DataFrame:
+    """Communication seconds per step of each strategy at the study's scale, per link (a model)."""
+    rows = []
+    for strategy in PROJECTION_STRATEGIES:
+        plan = comm_plan(strategy, PROJECTION_MODEL, PROJECTION_STEP, world, {"dp": world // 2, "tp": 2} if strategy == "hybrid" else {})
+        for link in links:
+            rows.append({"scenario": PROJECTION_LABEL, "strategy": strategy, "world_size": world, "link": link.name,
+                         "bandwidth_GBps": link.bandwidth_GBps, "bytes_per_rank": bytes_per_rank(plan),
+                         "calls_per_step": sum(c.count for c in plan), "comm_s": plan_seconds(plan, link_models(link))})
+    return pd.DataFrame(rows)
+
+
 def load_experiments(paths: list[Path]) -> dict[str, dict]:
     experiments = {}
     for path in paths:
@@ -148,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", type=Path, required=True, help="results/tables/comm_fit.csv")
     parser.add_argument("--experiments", type=Path, nargs="+", required=True, help="results/<exp>/experiment.json")
     parser.add_argument("--resources", type=Path, default=Path("resources"))
-    parser.add_argument("--out-dir", type=Path, required=True, help="writes comm_volume/comm_share/comm_whatif.csv")
+    parser.add_argument("--out-dir", type=Path, required=True,
+                        help="writes comm_volume/comm_share/comm_whatif/comm_projection.csv")
     args = parser.parse_args(argv)
     runs, fits = pd.read_csv(args.runs), pd.read_csv(args.fit)
     experiments = load_experiments(args.experiments)
@@ -158,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     share.to_csv(args.out_dir / "comm_share.csv", index=False)
     whatif = whatif_table(share, experiments, fits, args.resources)
     whatif.to_csv(args.out_dir / "comm_whatif.csv", index=False)
+    projection_table().to_csv(args.out_dir / "comm_projection.csv", index=False)
     print(f"[comm] {len(share)} runs with communication shares, {len(whatif)} what-if rows -> {args.out_dir}")
     return 0
 
