@@ -10,6 +10,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+from shardlab.strategies.pipeline_parallel import options as pp_options
+
 
 def _whole_world(world_size: int, options: dict) -> int:
     return world_size
@@ -68,6 +70,22 @@ _SPECS = [
     StrategySpec("ep_moe", "shardlab.strategies.expert_parallel.strategy:ExpertParallelMoE", "expert parallel",
                  "Mixture of experts with experts sharded over ranks; tokens dispatched by uneven all-to-all.",
                  check_options=_lazy("expert_parallel.options:check_moe_options")),
+    StrategySpec("pp_gpipe", "shardlab.strategies.pipeline_parallel.pipeline:PipelineParallel", "pipeline parallel",
+                 "Hand-cut stages, torch.distributed.pipelining GPipe: all forwards, then all backwards.",
+                 data_parallel_size=pp_options.data_parallel_size(hybrid=False),
+                 check_options=pp_options.checker(virtual_stages=1, needs_m_ge_stages=False)),
+    StrategySpec("pp_1f1b", "shardlab.strategies.pipeline_parallel.pipeline:OneForwardOneBackward", "pipeline parallel",
+                 "Hand-cut stages, 1F1B schedule: one forward, one backward; fewer micro-batches in flight.",
+                 data_parallel_size=pp_options.data_parallel_size(hybrid=False),
+                 check_options=pp_options.checker(virtual_stages=1, needs_m_ge_stages=True)),
+    StrategySpec("pp_interleaved", "shardlab.strategies.pipeline_parallel.pipeline:InterleavedPipeline", "pipeline parallel",
+                 "Interleaved 1F1B: two looped virtual stages per rank, a smaller bubble for more sends.",
+                 data_parallel_size=pp_options.data_parallel_size(hybrid=False),
+                 check_options=pp_options.checker(virtual_stages=2, needs_m_ge_stages=False, interleaved=True)),
+    StrategySpec("hybrid_dp_pp", "shardlab.strategies.pipeline_parallel.hybrid_dp_pp:HybridDataPipeline", "hybrid",
+                 "2-D mesh (dp, pp): 1F1B pipelines replicated over dp, stage gradients all-reduced over dp.",
+                 data_parallel_size=pp_options.data_parallel_size(hybrid=True),
+                 check_options=pp_options.checker(virtual_stages=1, needs_m_ge_stages=True, hybrid=True)),
 ]
 
 REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in _SPECS}

@@ -1,0 +1,173 @@
+"""Pipeline parallelism with torch.distributed.pipelining: GPipe, 1F1B and interleaved 1F1B.
+
+Each rank holds one stage (or `virtual_stages` of them, looped: rank r holds stages r, r+p, ...)
+of the hand-cut model (`stages.py`). The strategy owns micro-batching: the loop hands it the
+whole local batch, and `schedule.step` splits it into `n_microbatches`, runs forward/backward in
+the schedule's order and sends activations/gradients between neighbours (point-to-point, gloo or
+nccl). Each micro-batch's loss is a mean and the schedule divides gradients by the number of
+micro-batches (`scale_grads=True`), so gradients equal the whole-batch mean gradients.
+
+Every rank sees the whole local batch: the first stage reads the tokens, the last the labels.
+Only the last stage knows the loss; `reduce_loss` shares it with every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from shardlab.strategies.base import Strategy, causal_lm_loss
+from shardlab.strategies.pipeline_parallel.measure import LiveSavedBytes, OpTimeline
+from shardlab.strategies.pipeline_parallel.options import DEFAULT_MICROBATCHES
+from shardlab.strategies.pipeline_parallel.stages import NeoXStage, split_units
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage that timestamps each forward and backward chunk it computes."""
+
+    def __init__(self, *args, timeline: OpTimeline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timeline = timeline
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        return self.timeline.timed("forward", self.stage_index, fwd_chunk_id,
+                                   super().forward_one_chunk, fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        return self.timeline.timed("backward", self.stage_index, bwd_chunk_id,
+                                   super().backward_one_chunk, bwd_chunk_id, *args, **kwargs)
+
+
+class PipelineParallel(Strategy):
+    """GPipe: all micro-batches forward, then all backward; every stage holds m micro-batches' activations."""
+
+    schedule_class = ScheduleGPipe
+    virtual_stages = 1
+
+    # --- topology: which ranks form this rank's pipeline (the hybrid overrides this) --------
+    def pipeline_group(self):
+        """(process group, this rank's position in the pipeline, pipeline length)."""
+        return None, self.topo.rank, self.topo.world_size
+
+    @property
+    def dp_rank(self) -> int:
+        return 0
+
+    @property
+    def dp_size(self) -> int:
+        return 1
+
+    # --- set-up -------------------------------------------------------------------------
+    def wrap(self, model):
+        self.pp_group, self.pp_rank, self.pp_size = self.pipeline_group()
+        self.n_microbatches = int(self.options.get("n_microbatches", DEFAULT_MICROBATCHES))
+        self.n_stages = self.pp_size * self.virtual_stages
+        units = split_units(model.config.num_hidden_layers, self.n_stages)
+        self.stage_ids = [self.pp_rank + k * self.pp_size for k in range(self.virtual_stages)]
+        self.stage_units = [units[s] for s in self.stage_ids]
+        self.holds_first = 0 in self.stage_ids
+        self.holds_last = self.n_stages - 1 in self.stage_ids
+        self.timeline = OpTimeline()
+        modules = [NeoXStage(model, units[s]) for s in self.stage_ids]
+        stages = [TimedStage(module, s, self.n_stages, self.topo.device, group=self.pp_group, timeline=self.timeline)
+                  for module, s in zip(modules, self.stage_ids)]
+        self.schedule = self.build_schedule(stages)
+        self._calls = 0
+        self._live_peaks: list[int] = []
+        return nn.ModuleList(modules)
+
+    def build_schedule(self, stages):
+        return self.schedule_class(stages[0], self.n_microbatches, loss_fn=self._timed_loss)
+
+    def _timed_loss(self, logits, labels):
+        return self.timeline.timed("loss", self.n_stages - 1, -1, causal_lm_loss, logits, labels)
+
+    # --- one step -----------------------------------------------------------------------
+    def micro_batches(self, inputs, labels):
+        return [(inputs, labels)]  # the schedule cuts micro-batches itself
+
+    def _schedule_args(self, inputs, labels):
+        return ((inputs,) if self.holds_first else ()), (labels if self.holds_last else None)
+
+    def forward_backward(self, inputs, labels, scale):
+        self._calls += 1
+        # Step 1 is left to the loop's ActivationProbe (saved-tensor hooks do not nest) and warm-up.
+        measuring = self._calls > max(1, self.training["warmup_steps"])
+        args, target = self._schedule_args(inputs, labels)
+        losses: list[torch.Tensor] = []
+        tracker = LiveSavedBytes(self.model.parameters()) if measuring else contextlib.nullcontext()
+        dist.barrier(group=self.pp_group)  # stages start the step together: timestamps share an origin
+        self.timeline.recording = measuring
+        if measuring:
+            self.timeline.begin_step()
+        try:
+            with tracker:
+                self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        finally:
+            self.timeline.recording = False
+        if measuring:
+            self.timeline.end_step()
+            self._live_peaks.append(tracker.peak)
+        return torch.stack(losses).mean().detach() if losses else torch.zeros(())
+
+    @torch.no_grad()
+    def evaluate(self, inputs, labels):
+        args, target = self._schedule_args(inputs, labels)
+        losses: list[torch.Tensor] = []
+        self.schedule.eval(*args, target=target, losses=losses)
+        return torch.stack(losses).mean() if losses else torch.zeros(())
+
+    def reduce_loss(self, loss):
+        """Every rank gets the global mean loss: the last stage of each data-parallel replica holds its
+        replica's mean, the other ranks contribute zero, and the sum over the world is divided by dp."""
+        loss = loss.detach().float().clone() if self.holds_last else torch.zeros((), device=self.topo.device)
+        dist.all_reduce(loss)
+        return float(loss) / self.dp_size
+
+    # --- measurement --------------------------------------------------------------------
+    def extra_metrics(self) -> dict:
+        steps = self.timeline.steps
+        out = {"pp_schedule": type(self.schedule).__name__, "pp_size": self.pp_size,
+               "pp_virtual_stages": self.virtual_stages, "pp_n_microbatches": self.n_microbatches,
+               "pp_stage_ids": self.stage_ids, "pp_stage_units": [[str(u) for u in us] for us in self.stage_units]}
+        if not steps:
+            return out
+        # A step lasts until the slowest stage finishes; idle = span - this rank's compute.
+        spans = torch.tensor([s["end_s"] for s in steps], dtype=torch.float64)
+        dist.all_reduce(spans, op=dist.ReduceOp.MAX, group=self.pp_group)
+        busy = [self.timeline.busy_s(s) for s in steps]
+        idle = [span - b for span, b in zip(spans.tolist(), busy)]
+        last = steps[-1]
+        out.update(
+            pp_measured_steps=len(steps),
+            pp_step_span_s=statistics.median(spans.tolist()),
+            pp_busy_s=statistics.median(busy),
+            pp_idle_fraction=statistics.median(i / s for i, s in zip(idle, spans.tolist())),
+            pp_bubble_ratio=statistics.median(i / b for i, b in zip(idle, busy)),
+            pp_peak_live_activation_bytes=max(self._live_peaks),
+            # One step's ops (for a timeline chart): [op, stage, micro-batch, start_s, end_s].
+            pp_timeline=[[op, stage, mb, round(a, 6), round(b, 6)] for op, stage, mb, a, b in last["ops"]],
+            pp_timeline_span_s=float(spans[-1]),
+        )
+        return out
+
+
+class OneForwardOneBackward(PipelineParallel):
+    """1F1B: after a warm-up of forwards, each stage alternates one forward and one backward, so stage s
+    holds at most p - s micro-batches' activations (same bubble as GPipe)."""
+
+    schedule_class = Schedule1F1B
+
+
+class InterleavedPipeline(PipelineParallel):
+    """Interleaved 1F1B: each rank holds `virtual_stages` non-adjacent stages, shrinking the bubble v-fold."""
+
+    virtual_stages = 2
+
+    def build_schedule(self, stages):
+        return ScheduleInterleaved1F1B(stages, self.n_microbatches, loss_fn=self._timed_loss)

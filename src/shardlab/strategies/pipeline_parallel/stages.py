@@ -1,0 +1,69 @@
+"""Cut a GPT-NeoX causal LM into pipeline stages by hand.
+
+torch's tracer (`pipelining.pipeline()`) handles only 2 stages of HF GPT-NeoX: the causal mask and
+the rotary embedding are computed once in the model and skip over layers. Here every stage
+rebuilds both from its input's shape (cheap, and identical to what the full model computes), so
+a stage needs nothing from its neighbours but the hidden states.
+
+The model is a sequence of units: the token embedding, the transformer layers, then the head
+(final norm + LM head). The first stage holds the embedding, the last the head; the layers are
+spread evenly. With more stages than layers (e.g. 2 layers in 4 virtual stages), units are spread
+instead, so the embedding and head get stages of their own.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+from transformers.masking_utils import create_causal_mask
+
+EMBED, HEAD = "embed", "head"
+
+
+def split_units(n_layers: int, n_stages: int) -> list[list]:
+    """Units of each stage, e.g. (4, 2) -> [['embed', 0, 1], [2, 3, 'head']]."""
+    if n_stages < 1:
+        raise ValueError("a pipeline needs at least one stage")
+    if n_layers >= n_stages:
+        chunks = [list(map(int, c)) for c in np.array_split(np.arange(n_layers), n_stages)]
+        chunks[0].insert(0, EMBED)
+        chunks[-1].append(HEAD)
+        return chunks
+    units = [EMBED, *range(n_layers), HEAD]
+    if len(units) < n_stages:
+        raise ValueError(f"{n_stages} stages cannot be cut from {n_layers} layers (+ embedding and head)")
+    return [[units[i] for i in c] for c in np.array_split(np.arange(len(units)), n_stages)]
+
+
+class NeoXStage(nn.Module):
+    """One contiguous slice of a GPTNeoXForCausalLM. Layers keep their original index as name
+    (`layers.2.attention...`), so activation tables line up with the unsplit model's."""
+
+    def __init__(self, causal_lm: nn.Module, units: list):
+        super().__init__()
+        base = causal_lm.gpt_neox
+        self.config = causal_lm.config
+        self.units = list(units)
+        self.embed_in = base.embed_in if EMBED in units else None
+        self.emb_dropout = base.emb_dropout if EMBED in units else None
+        self.layers = nn.ModuleDict({str(i): base.layers[i] for i in units if isinstance(i, int)})
+        self.rotary_emb = copy.deepcopy(base.rotary_emb)  # buffers only: every stage rebuilds RoPE
+        self.final_layer_norm = base.final_layer_norm if HEAD in units else None
+        self.lm_head = causal_lm.get_output_embeddings() if HEAD in units else None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.embed_in is not None:
+            hidden = self.emb_dropout(self.embed_in(hidden))
+        if len(self.layers):
+            position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+            mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
+                                      cache=None, position_ids=position_ids)
+            rope = self.rotary_emb(hidden, position_ids=position_ids)
+            for layer in self.layers.values():
+                hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=rope)
+        if self.lm_head is not None:
+            hidden = self.lm_head(self.final_layer_norm(hidden))
+        return hidden
