@@ -15,6 +15,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/run.smk"
 include: "workflow/rules/metrics.smk"
+include: "workflow/rules/comm.smk"
 include: "workflow/rules/report.smk"
 
 
