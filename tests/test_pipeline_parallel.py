@@ -84,6 +84,30 @@ def test_bad_pipeline_options_are_rejected(strategy, options, problem):
     assert err.value.field.startswith(f"experiments.test.strategy_options.{strategy}")
 
 
+def test_pipeline_tables_add_theory_and_flag_the_bottleneck(tmp_path):
+    from shardlab.pipeline_tables import build_tables, theory_idle_fraction
+
+    assert theory_idle_fraction(2, 4) == pytest.approx(1 / 5)
+    assert theory_idle_fraction(2, 4, v=2) == pytest.approx(1 / 9)
+    rank = {"pp_size": 2, "pp_virtual_stages": 1, "pp_n_microbatches": 4, "pp_step_span_s": 1.0,
+            "pp_timeline": [["forward", 0, 0, 0.0, 0.1]]}
+    ok = {"experiment": "e", "strategy": "pp_1f1b", "status": "ok", "ranks": [
+        dict(rank, rank=0, pp_busy_s=0.6, pp_idle_fraction=0.4), dict(rank, rank=1, pp_busy_s=0.8, pp_idle_fraction=0.2)]}
+    failed = {"experiment": "e", "strategy": "pp_gpipe", "status": "oom", "reason": "killed", "ranks": []}
+    ignored = {"experiment": "e", "strategy": "ddp", "status": "ok", "ranks": [{"rank": 0}]}
+    paths = []
+    for i, summary in enumerate([ok, failed, ignored]):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(summary))
+    tables = build_tables(paths)
+    pipe = tables["pipeline"]
+    assert list(pipe["strategy"]) == ["pp_1f1b", "pp_1f1b", "pp_gpipe"]
+    assert list(pipe["bottleneck"][:2]) == [False, True]
+    assert pipe["theory_idle_fraction"][0] == pytest.approx(0.2)
+    assert pipe["status"][2] == "oom" and pipe["reason"][2] == "killed"
+    assert len(tables["pipeline_timeline"]) == 2
+
+
 # --- real torchrun -------------------------------------------------------------------------------
 pp_runs = pytest.mark.torchrun
 
