@@ -42,6 +42,24 @@ def _one(world_size: int, options: dict) -> int:
     return 1
 
 
+def _check_tensor_parallel(exp: dict, where: str) -> None:
+    """Heads, MLP width and vocabulary split evenly over the TP ranks; SP also splits the sequence."""
+    from shardlab.config import ConfigError, world_size_for
+
+    strategy = where.rsplit(".", 1)[-1]
+    tp = world_size_for(exp, strategy)
+    model = exp["model"]
+    if tp == "auto" or model.get("source") != "local":
+        return  # checked when the model is sharded
+    for key in ("num_heads", "intermediate_size", "vocab_size"):
+        if model[key] % tp:
+            raise ConfigError(f"{where.rsplit('.strategy_options', 1)[0]}.model.{key}",
+                              f"{model[key]} is not divisible by the tensor-parallel degree {tp} of '{strategy}'")
+    if strategy.startswith("tp_sp") and exp["training"]["seq_len"] % tp:
+        raise ConfigError(f"{where.rsplit('.strategy_options', 1)[0]}.training.seq_len",
+                          f"{exp['training']['seq_len']} is not divisible by the sequence-parallel degree {tp}")
+
+
 def _lazy(target: str) -> Callable[[dict, str], None]:
     """A config check that lives in its technique's (torch-free) options module, imported on first use."""
     def check(exp: dict, where: str) -> None:
@@ -86,6 +104,18 @@ _SPECS = [
                  "2-D mesh (dp, pp): 1F1B pipelines replicated over dp, stage gradients all-reduced over dp.",
                  data_parallel_size=pp_options.data_parallel_size(hybrid=True),
                  check_options=pp_options.checker(virtual_stages=1, needs_m_ge_stages=True, hybrid=True)),
+    StrategySpec("tp", "shardlab.strategies.tensor_parallel.tensor_parallel:HandTensorParallel", "tensor parallel",
+                 "Megatron-style column/row-parallel attention and MLP, vocab-parallel embedding and head (hand-written).",
+                 data_parallel_size=_one, check_options=_check_tensor_parallel),
+    StrategySpec("tp_sp", "shardlab.strategies.tensor_parallel.tensor_parallel:HandSequenceParallel", "tensor parallel",
+                 "tp plus sequence parallelism: LayerNorms and residuals on a sequence shard (hand-written).",
+                 data_parallel_size=_one, check_options=_check_tensor_parallel),
+    StrategySpec("tp_dtensor", "shardlab.strategies.tensor_parallel.dtensor_tp:DTensorTensorParallel", "tensor parallel",
+                 "PyTorch DTensor parallelize_module with Colwise/RowwiseParallel (comparator for tp).",
+                 data_parallel_size=_one, check_options=_check_tensor_parallel),
+    StrategySpec("tp_sp_dtensor", "shardlab.strategies.tensor_parallel.dtensor_tp:DTensorSequenceParallel", "tensor parallel",
+                 "DTensor TP plus SequenceParallel LayerNorms (comparator for tp_sp).",
+                 data_parallel_size=_one, check_options=_check_tensor_parallel),
 ]
 
 REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in _SPECS}

@@ -1,0 +1,1 @@
+"""Tensor and sequence parallelism: hand-written (Megatron-style) and PyTorch DTensor comparators."""
