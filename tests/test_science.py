@@ -1,0 +1,294 @@
+"""Science cases: shipped data, splits, conditional text, domain metrics, and saving the trained model."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardlab.config import load_config
+from shardlab.data import TEXT_FORMATS, read_documents
+from shardlab.science import evaluate as ev
+from shardlab.science.formats import BIOLOGY, CHEMISTRY, FORMATS, MATERIALS, parse_conditional
+from shardlab.science.splits import PARTS, part_of, rows_of_part, write_splits
+from shardlab.science.tables import run_rows, time_to_target
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (file, data rows, first column): the counts stated in data/README.md.
+SHIPPED = [
+    ("data/chemistry/aqsoldb.csv", 9982, "SMILES"),
+    ("data/biology/scop.train.csv", 15680, "seq"),
+    ("data/biology/scop.test.csv", 3921, "seq"),
+    ("data/materials/mp_gap.csv", 106113, "formula"),
+    ("data/materials/expt_gap.csv", 4604, "formula"),
+]
+
+
+# --- data rules -------------------------------------------------------------------------------
+@pytest.mark.parametrize("path,rows,key", SHIPPED)
+def test_shipped_files_have_the_documented_rows_and_attribution(path, rows, key):
+    with open(REPO / path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert reader.fieldnames[0] == key
+        assert sum(1 for _ in reader) == rows
+    readme = (REPO / "data/README.md").read_text()
+    line = next((l for l in readme.splitlines() if f"`{path.removeprefix('data/')}" in l), None)
+    assert line is not None, f"no attribution row for {path} in data/README.md"
+    assert f"{rows:,}" in line, f"the README row of {path} does not state {rows:,} rows"
+    assert any(lic in line for lic in ("CC0", "CC-BY", "MIT")), f"no licence on the row of {path}"
+
+
+def test_splits_are_deterministic_disjoint_and_complete(tmp_path):
+    source = REPO / "data/chemistry/aqsoldb.csv"
+    split = {"seed": 3, "validation_fraction": 0.1, "test_fraction": 0.1}
+    first = write_splits(source, split, tmp_path / "a")
+    again = write_splits(source, split, tmp_path / "b")
+    other = write_splits(source, dict(split, seed=4), tmp_path / "c")
+    assert {p: v["sha256"] for p, v in first["parts"].items()} == {p: v["sha256"] for p, v in again["parts"].items()}
+    assert first["parts"]["test"]["sha256"] != other["parts"]["test"]["sha256"]
+    keys = {p: [r["SMILES"] for r in csv.DictReader(open(tmp_path / "a" / f"{p}.csv"))] for p in PARTS}
+    assert sum(len(v) for v in keys.values()) == 9982  # every row in exactly one part
+    for a in PARTS:
+        for b in PARTS:
+            if a < b:
+                assert not set(keys[a]) & set(keys[b]), f"{a} and {b} share molecules"
+    assert 0.07 < len(keys["test"]) / 9982 < 0.13 and 0.07 < len(keys["validation"]) / 9982 < 0.13
+
+
+def test_training_reads_exactly_the_saved_train_split(tmp_path):
+    data = {"path": REPO / "data/materials/expt_gap.csv", "split": {"seed": 0}}
+    write_splits(data["path"], data["split"], tmp_path)
+    saved = [MATERIALS(r) for r in csv.DictReader(open(tmp_path / "train.csv"))]
+    docs, skipped = read_documents(data["path"], "mp_gap", None, data["split"], "train")
+    assert docs == [d for d in saved if d] and skipped == saved.count(None)
+
+
+def test_a_shipped_test_file_is_the_test_part(tmp_path):
+    split = {"seed": 0, "validation_fraction": 0.1, "test_path": "data/biology/scop.test.csv"}
+    manifest = write_splits(REPO / "data/biology/scop.train.csv", split, tmp_path, base_dir=REPO)
+    assert manifest["parts"]["test"]["rows"] == 3921
+    assert manifest["parts"]["train"]["rows"] + manifest["parts"]["validation"]["rows"] == 15680
+
+
+def test_part_of_ignores_row_order_and_duplicates_stay_together():
+    assert part_of("CCO", 0, 0.1, 0.1) == part_of("CCO", 0, 0.1, 0.1)
+    parts = [part_of(f"key{i}", 0, 0.2, 0.3) for i in range(5000)]
+    assert abs(parts.count("test") / 5000 - 0.3) < 0.03 and abs(parts.count("validation") / 5000 - 0.2) < 0.03
+
+
+def test_science_configs_are_valid():
+    for name in ("config/config.yaml", "config/test.yaml"):
+        cfg = load_config(REPO / name, base_dir=REPO)
+        science = [e for e in cfg["experiments"].values() if e.get("data", {}).get("format") in FORMATS]
+        assert science, f"{name} has no science experiment"
+    cfg = load_config(REPO / "config/config.yaml", base_dir=REPO)
+    for domain in ("chemistry", "biology", "materials"):
+        exp = cfg["experiments"][f"science_{domain}"]
+        assert len(exp["strategies"]) >= 3 and "single" in exp["strategies"]
+        assert exp["training"]["save_model"] and exp["training"]["eval_every"] > 0
+
+
+# --- conditional text -------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt,path", [(CHEMISTRY, "data/chemistry/aqsoldb.csv"),
+                                      (BIOLOGY, "data/biology/scop.test.csv"),
+                                      (MATERIALS, "data/materials/expt_gap.csv")])
+def test_formats_are_registered_and_round_trip_on_real_rows(fmt, path):
+    assert TEXT_FORMATS[fmt.name] is fmt
+    rows = list(csv.DictReader(open(REPO / path)))[:500]
+    for row in rows:
+        text = fmt(row)
+        label, body = fmt.parse(text)
+        expected = fmt.bin(float(row[fmt.label_column])) if fmt.numeric else row[fmt.label_column]
+        assert (label, body) == (expected, row[fmt.body_column].strip())
+        assert fmt.text(label, body) == text  # a binned label formats to the same tag
+
+
+def test_binning_and_tags():
+    assert CHEMISTRY(dict(SMILES="CCO", Solubility="-3.24")) == "<logS=-3.0> CCO"
+    assert CHEMISTRY(dict(SMILES="CCO", Solubility="-3.26")) == "<logS=-3.5> CCO"
+    assert MATERIALS(dict(formula="K4Mn4O8", target="1.3322")) == "<gap=1.25> K4Mn4O8"
+    assert MATERIALS(dict(formula="Cr3Ni1", target="-0.01")) == "<gap=0.00> Cr3Ni1"  # no "-0.00"
+    assert BIOLOGY(dict(seq="MSPF", label="c")) == "<class=c> MSPF"
+    assert parse_conditional("<gap=0.50> NaCl") == ("gap", "0.50", "NaCl")
+    assert MATERIALS.candidate_labels(0.0, 1.0) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    with pytest.raises(ValueError):
+        CHEMISTRY.parse("<gap=1.00> NaCl")
+    with pytest.raises(ValueError):
+        parse_conditional("CCO")
+
+
+def test_malformed_rows_are_skipped_and_counted(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("seq,label\nMSPF,c\n,a\nMKV,\nMK V,b\nmkv,a\nMKVL,d\n")  # empty seq, empty label, space, lower case
+    docs, skipped = read_documents(bad, "scop_class")
+    assert docs == ["<class=c> MSPF", "<class=d> MKVL"] and skipped == 4
+    bad.write_text("formula,target\nNaCl,5.0\nKCl,n/a\n,1.0\nLiF,nan\nMgO,inf\nCsI,6.1\n")
+    docs, skipped = read_documents(bad, "mp_gap")
+    assert docs == ["<gap=5.00> NaCl", "<gap=6.00> CsI"] and skipped == 4
+    bad.write_text("SMILES,Solubility\nCCO,1.1\nCCO,not-a-number\n  ,0.0\n")
+    docs, skipped = read_documents(bad, "aqsoldb_logs")
+    assert docs == ["<logS=1.0> CCO"] and skipped == 2
+
+
+# --- domain metrics on hand-made cases --------------------------------------------------------
+def test_smiles_validity_uniqueness_novelty():
+    # "C1CC" has an unclosed ring, "xyz" is not SMILES, "" is empty; "OCC" is ethanol again.
+    quality = ev.smiles_quality(["CCO", "C1CC", "", "OCC", "xyz", "c1ccccc1"], training={"CCO"})
+    assert quality["validity"] == pytest.approx(3 / 6)
+    assert quality["uniqueness"] == pytest.approx(2 / 3)
+    assert quality["novelty"] == pytest.approx(1 / 2)  # benzene is new, ethanol is not
+    assert math.isnan(ev.smiles_quality(["C1CC"], set())["uniqueness"])
+
+
+def test_esol_orders_known_solubilities_and_spearman():
+    ethanol, benzene, anthracene = ev.esol_logs("CCO"), ev.esol_logs("c1ccccc1"), ev.esol_logs("c1ccc2cc3ccccc3cc2c1")
+    assert ethanol > benzene > anthracene  # measured logS: 1.1 > -1.6 > -6.4
+    assert ev.esol_logs("not smiles") is None
+    assert ev.spearman([1, 2, 3, 4], [10, 20, 25, 100]) == pytest.approx(1.0)
+    assert ev.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(ev.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_classification_accuracy_and_majority_baseline():
+    scores = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.5, 0.1, 0.4], [0.2, 0.2, 0.6]]))
+    assert ev.accuracy_from_scores(scores, ["a", "b", "c"], ["a", "b", "c", "c"]) == pytest.approx(0.75)
+    assert ev.majority_accuracy(["c", "c", "a"], ["a", "b", "c", "c"]) == ("c", pytest.approx(0.5))
+
+
+def test_band_gap_posterior_median_and_mae():
+    candidates = [0.0, 0.5, 1.0, 1.5]
+    certain = np.log(np.array([[1e-9, 1.0, 1e-9, 1e-9], [1e-9, 1e-9, 1e-9, 1.0]]))
+    assert list(ev.posterior_median(certain, candidates)) == [0.5, 1.5]
+    split = np.log(np.array([[0.3, 0.1, 0.1, 0.5]]))  # cdf 0.3, 0.4, 0.5 -> median at 1.0
+    assert list(ev.posterior_median(split, candidates)) == [1.0]
+    assert ev.mean_absolute_error([0.5, 1.5], [1.0, 1.0]) == pytest.approx(0.5)
+
+
+def test_unigram_baselines():
+    assert ev.unigram_perplexity(["ACGT" * 10], ["GATTACA"]) == pytest.approx(4.0)
+    samples = ev.unigram_samples(["CCO", "CCCC"], 20, seed=0)
+    assert len(samples) == 20 and set("".join(samples)) <= set("CO") and {len(s) for s in samples} <= {3, 4}
+
+
+@pytest.fixture(scope="module")
+def tiny_biology_lm(tmp_path_factory):
+    """A random tiny model with a tokenizer fitted to SCOP text, and the saved SCOP splits."""
+    from shardlab.data import fit_tokenizer
+    from shardlab.model import build_local_model
+
+    root = tmp_path_factory.mktemp("bio")
+    split = {"seed": 0, "validation_fraction": 0.1, "test_path": "data/biology/scop.test.csv"}
+    write_splits(REPO / "data/biology/scop.train.csv", split, root / "splits", base_dir=REPO)
+    docs, _ = read_documents(REPO / "data/biology/scop.train.csv", "scop_class", 300, split, "train")
+    build_local_model({"vocab_size": 320, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                       "intermediate_size": 64, "max_position_embeddings": 64}, root / "model")
+    fit_tokenizer(docs, 320).save_pretrained(root / "model")
+    return ev.LanguageModel(root / "model", batch_size=3), root / "splits"
+
+
+def test_scores_split_tag_and_body_exactly(tiny_biology_lm):
+    """Scoring tag and body apart equals one forward pass over the whole text; long bodies are cut."""
+    import torch
+
+    lm, _ = tiny_biology_lm
+    tags, bodies = ["<class=a>", "<class=g>"], ["MKVLAAGIVG", "MSPFTGSAAPTPEWRHLRVEITDGVATVTLARPDKLNALTFEAYADLRDLLAEL" * 3]
+    tag_lp, body_lp, chars = lm.score(tags, bodies)
+    ids = [lm.eos, *lm._ids(f"{tags[0]} {bodies[0]}"), lm.eos]
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([ids])).logits[0]
+    whole = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None]).sum()
+    assert tag_lp[0] + body_lp[0] == pytest.approx(float(whole), abs=1e-4)
+    assert chars[0] == len(bodies[0]) and 0 < chars[1] < len(bodies[1])  # context 64 tokens: cut
+
+
+def test_biology_evaluation_rows_on_a_random_model(tiny_biology_lm):
+    lm, splits = tiny_biology_lm
+    rows = {r["metric"]: r for r in ev.evaluate_biology(lm, BIOLOGY, splits, {"max_examples": 12}, seed=0)}
+    assert rows["class_accuracy"]["n"] == 12 and 0 <= rows["class_accuracy"]["value"] <= 1
+    assert rows["class_accuracy"]["baseline_name"] == "majority class 'c'"
+    assert rows["residue_perplexity"]["value"] > 1 and 15 < rows["residue_perplexity"]["baseline"] < 21
+
+
+# --- tables -------------------------------------------------------------------------------------
+def test_time_to_target_and_run_rows(tmp_path):
+    assert time_to_target([(1.0, 5.0), (2.0, 3.9), (3.0, 3.5)], 4.0) == 2.0
+    assert time_to_target([(1.0, 5.0)], 4.0) is None
+    exp = {"name": "science_materials", "strategies": ["single", "ddp"], "data": {"format": "mp_gap"}}
+    for strategy, losses in (("single", [4.0, 3.0]), ("ddp", [3.8, 2.5])):
+        run = tmp_path / strategy
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"status": "ok", "final_val_loss": losses[-1], "tokens_per_s": 10.0,
+                                                     "ranks": [{"peak_bytes": 5}, {"peak_bytes": 7}]}))
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": i, "elapsed_s": i + 1.0, "val_loss": v})
+                                                     for i, v in enumerate(losses)))
+    runs, curves = run_rows(exp, tmp_path)
+    by = {r["strategy"]: r for r in runs}
+    assert by["ddp"]["target_val_loss"] == 3.0  # the worst final loss: every run reaches it
+    assert by["single"]["time_to_target_s"] == 2.0 and by["ddp"]["time_to_target_s"] == 2.0
+    assert by["ddp"]["peak_bytes_max_rank"] == 7 and by["ddp"]["domain"] == "materials" and len(curves) == 4
+
+
+# --- the trained model leaves the run (real torchrun) --------------------------------------------
+def _saved_weights(summary):
+    from safetensors.torch import load_file
+
+    files = sorted((Path(summary["attempt"]) / "model").glob("*.safetensors"))
+    assert files, f"no saved model in {summary['attempt']}"
+    state = {}
+    for f in files:
+        state.update(load_file(f))
+    return state
+
+
+def test_saved_models_match_the_single_device_run_and_evaluate(run_strategy, tiny_assets, tmp_path):
+    """training.save_model: every strategy's gathered weights equal the reference's after training."""
+    from shardlab.strategies import REGISTRY
+
+    save = {"training": {"save_model": True, "steps": 3}}
+    strategies = ["single", "ddp"] + [s for s in ("fsdp2_full",) if s in REGISTRY]
+    summaries = {s: run_strategy(s, save)[0] for s in strategies}
+    for name, summary in summaries.items():
+        assert summary["status"] == "ok", summary.get("reason")
+    reference = _saved_weights(summaries["single"])
+    from safetensors.torch import load_file
+
+    initial = load_file(next(Path(tiny_assets[0]).glob("*.safetensors")))
+    assert any(not np.allclose(v, initial[k]) for k, v in reference.items())  # the saved model is the trained one
+    for name in strategies[1:]:
+        state = _saved_weights(summaries[name])
+        assert state.keys() == reference.keys(), name
+        worst = max(float((state[k] - reference[k]).abs().max()) for k in reference)
+        assert worst < 1e-5, f"{name}: max |param - reference| = {worst:.3g}"
+
+    # The evaluator reads the run folders: a saved model is scored, a failed run is recorded.
+    runs = Path(summaries["single"]["attempt"]).parent.parent.parent / "runs"
+    (runs / "broken").mkdir()
+    (runs / "broken" / "summary.json").write_text(json.dumps({"status": "oom", "reason": "rank 0: OutOfMemoryError"}))
+    write_splits(REPO / "data/chemistry/aqsoldb.csv", {"seed": 0}, tmp_path / "splits")
+    exp = {"name": "t", "strategies": ["single", "broken"], "data": {"format": "aqsoldb_logs"},
+           "evaluation": {"max_examples": 10, "samples_per_condition": 3, "conditions": [-4.0, 0.0]}}
+    rows = ev.evaluate_runs(exp, runs, tmp_path / "splits")
+    assert {r["metric"] for r in rows if r["strategy"] == "single"} >= {"validity", "uniqueness", "condition_tracking_spearman"}
+    broken = [r for r in rows if r["strategy"] == "broken"]
+    assert len(broken) == 1 and broken[0]["run_status"] == "oom" and "OutOfMemory" in broken[0]["note"]
+
+
+def test_hub_export_writes_the_shipped_columns(tmp_path):
+    from datasets import Dataset
+
+    from shardlab.science.sources import export_rows, parse_columns
+
+    hub = Dataset.from_dict({"smiles": ["CCO", "c1ccccc1"], "logS": [1.1, -1.6], "extra": [0, 1]})
+    n = export_rows(hub, parse_columns("SMILES=smiles, Solubility=logS"), tmp_path / "hub.csv")
+    assert n == 2
+    docs, skipped = read_documents(tmp_path / "hub.csv", "aqsoldb_logs")
+    assert docs == ["<logS=1.0> CCO", "<logS=-1.5> c1ccccc1"] and skipped == 0
+    with pytest.raises(KeyError):
+        export_rows(hub, {"SMILES": "canonical_smiles"}, tmp_path / "bad.csv")
+    with pytest.raises(ValueError):
+        parse_columns("SMILES")

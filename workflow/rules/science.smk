@@ -1,0 +1,68 @@
+# Science cases (issue 6): deterministic data splits, domain evaluation of each run's saved model
+# (training.save_model), and the tables of the report's science section. Logic: shardlab.science.
+from shardlab.science.formats import FORMATS as SCIENCE_FORMATS
+
+SCIENCE_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["data"]["format"] in SCIENCE_FORMATS]
+SCIENCE_TABLES = [f"{RESULTS}/tables/science_{name}.csv" for name in ("runs", "curves", "metrics")]
+
+
+def _science_run_files(exp, name):
+    return [f"{run_dir(exp, s)}/{name}" for s in EXPERIMENTS[exp]["strategies"]]
+
+
+rule science_splits:
+    input:
+        settings=f"{RESULTS}/{{exp}}/experiment.json",
+        source=lambda w: EXPERIMENTS[w.exp]["data"]["path"],
+    output:
+        manifest=f"{RESULTS}/{{exp}}/splits/manifest.json",
+        parts=[f"{RESULTS}/{{exp}}/splits/{part}.csv" for part in ("train", "validation", "test")],
+    params:
+        out=lambda w: f"{RESULTS}/{w.exp}/splits",
+    log:
+        f"{RESULTS}/{{exp}}/logs/splits.log",
+    conda:
+        ENV
+    shell:
+        "python -m shardlab.science.splits --config {input.settings} --out {params.out} > {log} 2>&1"
+
+
+rule science_evaluate:
+    input:
+        settings=f"{RESULTS}/{{exp}}/experiment.json",
+        splits=f"{RESULTS}/{{exp}}/splits/manifest.json",
+        summaries=lambda w: _science_run_files(w.exp, "summary.json"),
+    output:
+        f"{RESULTS}/{{exp}}/science_metrics.csv",
+    params:
+        runs=lambda w: f"{RESULTS}/{w.exp}/runs",
+        splits=lambda w: f"{RESULTS}/{w.exp}/splits",
+    log:
+        f"{RESULTS}/{{exp}}/logs/science_evaluate.log",
+    conda:
+        ENV
+    shell:
+        "python -m shardlab.science.evaluate --experiment-config {input.settings} --runs {params.runs}"
+        " --splits {params.splits} --out {output} > {log} 2>&1"
+
+
+rule science_tables:
+    input:
+        settings=[f"{RESULTS}/{exp}/experiment.json" for exp in SCIENCE_EXPERIMENTS],
+        metrics=[f"{RESULTS}/{exp}/science_metrics.csv" for exp in SCIENCE_EXPERIMENTS],
+        steps=[f for exp in SCIENCE_EXPERIMENTS for f in _science_run_files(exp, "metrics.jsonl")],
+    output:
+        SCIENCE_TABLES,
+    params:
+        out=f"{RESULTS}/tables",
+    log:
+        f"{RESULTS}/logs/science_tables.log",
+    conda:
+        ENV
+    shell:
+        "python -m shardlab.science.tables --results {RESULTS} --out-dir {params.out}"
+        " --experiments {input.settings} --metrics {input.metrics} > {log} 2>&1"
+
+
+if SCIENCE_EXPERIMENTS:
+    REPORT_INPUTS.extend(SCIENCE_TABLES)
