@@ -68,6 +68,8 @@ def test_live_saved_bytes_follow_the_schedule():
     assert gpipe.live == one_f_one_b.live == 0  # everything released after backward
     assert one_f_one_b.peak > 0
     assert gpipe.peak == pytest.approx(2 * one_f_one_b.peak, rel=0.01)
+    # both schedules save the same tensors in all: twice one micro-batch's peak
+    assert gpipe.total == one_f_one_b.total == pytest.approx(2 * one_f_one_b.peak, rel=0.01)
 
 
 @pytest.mark.parametrize("strategy, options, problem", [

@@ -2,8 +2,8 @@
 
 - pipeline.csv: one row per run rank of the pipeline strategies (pp_*, hybrid_dp_pp): schedule,
   p, v, m, the rank's stages, measured busy/span/idle fraction/bubble ratio, the theory, whether the
-  rank is its pipeline's bottleneck (most compute), and memory (activations saved over the step,
-  peak live saved activations across the schedule, parameters, gradients).
+  rank is its pipeline's bottleneck (most compute), and memory (the loop probe's activation bytes,
+  all activations saved over the step, their peak live bytes across the schedule, parameters, gradients).
 - pipeline_timeline.csv: one row per op (forward, loss, backward) of one measured step per rank,
   for a timeline chart.
 
@@ -24,7 +24,7 @@ PIPELINE_STRATEGIES = ("pp_gpipe", "pp_1f1b", "pp_interleaved", "hybrid_dp_pp")
 COLUMNS = ["experiment", "strategy", "status", "reason", "schedule", "world_size", "pp_size", "virtual_stages",
            "n_microbatches", "rank", "dp_rank", "stage_ids", "stage_units", "busy_s", "span_s", "idle_fraction",
            "bubble_ratio", "theory_idle_fraction", "theory_bubble_ratio", "bottleneck", "activation_bytes",
-           "peak_live_activation_bytes", "param_bytes", "grad_bytes", "step_time_median_s", "tokens_per_s",
+           "saved_activation_bytes", "peak_live_activation_bytes", "param_bytes", "grad_bytes", "step_time_median_s", "tokens_per_s",
            "final_loss"]
 TIMELINE_COLUMNS = ["experiment", "strategy", "n_microbatches", "rank", "op", "stage", "micro_batch", "start_s", "end_s"]
 
@@ -57,7 +57,8 @@ def run_rows(summary: dict) -> list[dict]:
             idle_fraction=r.get("pp_idle_fraction"), bubble_ratio=r.get("pp_bubble_ratio"),
             theory_idle_fraction=theory_idle_fraction(p, m, v) if p and m and v else None,
             theory_bubble_ratio=theory_bubble_ratio(p, m, v) if p and m and v else None,
-            activation_bytes=r.get("activation_bytes"), peak_live_activation_bytes=r.get("pp_peak_live_activation_bytes"),
+            activation_bytes=r.get("activation_bytes"), saved_activation_bytes=r.get("pp_saved_activation_bytes"),
+            peak_live_activation_bytes=r.get("pp_peak_live_activation_bytes"),
             param_bytes=r.get("param_bytes"), grad_bytes=r.get("grad_bytes")))
     # The bottleneck is the rank with the most compute in its pipeline (data-parallel replica): its idle
     # time is the schedule's bubble; lighter stages also wait for it (stage imbalance).

@@ -7,7 +7,9 @@
   saved_tensors_hooks: a storage counts from its first pack until the graph that saved it is freed
   (after that micro-batch's backward). Its peak is what a stage really has to hold: GPipe keeps all
   m micro-batches' activations, 1F1B only those in flight (up to p on the first stage, 1 on the last).
-  The loop's ActivationProbe sees the same tensors but sums them over the step, with no frees.
+  `total` sums every storage saved during the step (a storage freed by a backward and reused later
+  counts again), i.e. what the step saves in all; the loop's ActivationProbe, which keeps no
+  reference, can miss storages reused after a free, so it undercounts under 1F1B.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class LiveSavedBytes:
         self.refs: dict[int, list[int]] = {}  # storage key -> [references held by graphs, bytes]
         self.live = 0
         self.peak = 0
+        self.total = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor):
@@ -76,6 +79,7 @@ class LiveSavedBytes:
             nbytes = t.untyped_storage().nbytes()
             self.refs[key] = [1, nbytes]
             self.live += nbytes
+            self.total += nbytes
             self.peak = max(self.peak, self.live)
         else:
             entry[0] += 1

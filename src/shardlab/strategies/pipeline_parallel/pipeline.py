@@ -79,6 +79,7 @@ class PipelineParallel(Strategy):
         self.schedule = self.build_schedule(stages)
         self._calls = 0
         self._live_peaks: list[int] = []
+        self._saved_totals: list[int] = []
         return nn.ModuleList(modules)
 
     def build_schedule(self, stages):
@@ -113,6 +114,7 @@ class PipelineParallel(Strategy):
         if measuring:
             self.timeline.end_step()
             self._live_peaks.append(tracker.peak)
+            self._saved_totals.append(tracker.total)
         return torch.stack(losses).mean().detach() if losses else torch.zeros(())
 
     @torch.no_grad()
@@ -150,6 +152,7 @@ class PipelineParallel(Strategy):
             pp_idle_fraction=statistics.median(i / s for i, s in zip(idle, spans.tolist())),
             pp_bubble_ratio=statistics.median(i / b for i, b in zip(idle, busy)),
             pp_peak_live_activation_bytes=max(self._live_peaks),
+            pp_saved_activation_bytes=max(self._saved_totals),
             # One step's ops (for a timeline chart): [op, stage, micro-batch, start_s, end_s].
             pp_timeline=[[op, stage, mb, round(a, 6), round(b, 6)] for op, stage, mb, a, b in last["ops"]],
             pp_timeline_span_s=float(spans[-1]),
