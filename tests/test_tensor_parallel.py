@@ -105,7 +105,7 @@ def test_tp_parameter_bytes_are_one_over_t_of_sharded_layers(strategy, tp_runs, 
 def test_tp_gradients_match_single_device(parity):
     t = parity["world_size"]
     sharded, replicated = _sharded_and_replicated_bytes(parity["full_shapes"])
-    for strategy in TP_STRATEGIES:
+    for strategy in [*TP_STRATEGIES, "tp_parallel_cross_entropy", "tp_sp_parallel_cross_entropy"]:
         result = parity[strategy]
         assert result["loss_error"] <= TOL, (strategy, t, result["loss_error"])
         assert result["max_grad_error"] <= TOL, (strategy, t, result["max_grad_error"])
@@ -155,9 +155,59 @@ def test_module_names_map_to_components():
     assert component_of("lm_head") == "outside_layers"
 
 
+def test_tp_config_rejects_unknown_option():
+    from shardlab.strategies import REGISTRY
+
+    exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"strategy_options": {"tp_dtensor": {"parallel_cross_entropy": True}}})
+    with pytest.raises(ConfigError, match="strategy_options.tp_dtensor.parallel_cross_entropy"):
+        REGISTRY["tp_dtensor"].check_options(exp, "experiments.test.strategy_options.tp_dtensor")
+
+
 def test_tp_config_rejects_heads_not_divisible():
     from shardlab.strategies import REGISTRY
 
     exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"model": {"num_heads": 2}, "launch": {"world_size": 4}})
     with pytest.raises(ConfigError, match="model.num_heads"):
         REGISTRY["tp"].check_options(exp, "experiments.test.strategy_options.tp")
+
+
+@pytest.mark.torchrun
+def test_tp_component_table_from_run_summaries(tp_runs, tiny_assets, tmp_path):
+    """The workflow's table tool reads the runs' summaries and finds the same agreement."""
+    import pandas as pd
+
+    from shardlab.tp_tables import main as tp_tables
+
+    summaries = []
+    for strategy in ["single", "tp_sp"]:
+        run = tmp_path / "exp" / "runs" / strategy
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps(tp_runs[strategy][0]))
+        summaries.append(str(run / "summary.json"))
+    (tmp_path / "exp" / "experiment.json").write_text(json.dumps(TEST_EXPERIMENT))
+    out = tmp_path / "tp_activation_components.csv"
+    tp_tables(["--model-dir", str(tiny_assets[0]), "--out", str(out), *summaries])
+    table = pd.read_csv(out)
+    assert set(table["strategy"]) == {"single", "tp_sp"}
+    assert len(table) == len(COMPONENTS) * (1 + 2)  # single: one rank; tp_sp: two
+    layer_norm = table[(table["component"] == "layernorm") & (table["rank"] == 0)].set_index("strategy")
+    assert layer_norm.loc["tp_sp", "measured_bytes"] == pytest.approx(layer_norm.loc["single", "measured_bytes"] / 2)
+
+
+@pytest.mark.torchrun
+def test_tp_inference_matches_single_device_with_half_the_cache(tiny_assets, tmp_path):
+    import pandas as pd
+
+    exp_path = tmp_path / "exp.json"
+    exp_path.write_text(json.dumps(TEST_EXPERIMENT))
+    out = tmp_path / "tp_inference.csv"
+    cmd = [sys.executable, "-m", "shardlab.inference", "--experiment-config", str(exp_path), "--model-dir",
+           str(tiny_assets[0]), "--out", str(out), "--batch", "2", "--new-tokens", "8", "--repeats", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    table = pd.read_csv(out)
+    single, tp = table[table["mode"] == "single"].iloc[0], table[table["mode"] == "tp"]
+    assert list(tp["status"]) == ["ok", "ok"], tp["reason"].tolist()
+    assert tp["matches_single"].all()  # greedy tokens identical to the single device's
+    assert (tp["kv_cache_bytes"] == single["kv_cache_bytes"] // 2).all()  # each rank caches its own heads
+    assert (tp["param_bytes"] < single["param_bytes"]).all()

@@ -43,8 +43,8 @@ def reference(model):
     return losses, grads
 
 
-def check(name, model, topo, ref_losses, ref_grads, broken=False):
-    strategy = get_spec(name).load()(model, topo, TRAINING, {})
+def check(name, model, topo, ref_losses, ref_grads, broken=False, options=None):
+    strategy = get_spec(name).load()(model, topo, TRAINING, options or {})
     if broken:  # skip SP's all-reduce of partial LayerNorm/bias gradients: the check must catch it
         strategy.sync_gradients = lambda: None
     losses, grad_error, param_bytes = [], None, strategy.state_bytes()["param_bytes"]
@@ -74,6 +74,9 @@ def main(model_dir: str, out: str) -> None:
                   "full_param_bytes": sum(p.numel() * p.element_size() for p in base.parameters())}
         for name in STRATEGIES:
             result[name] = check(name, copy.deepcopy(base), topo, ref_losses, ref_grads)
+        for name in ("tp", "tp_sp"):
+            result[f"{name}_parallel_cross_entropy"] = check(name, copy.deepcopy(base), topo, ref_losses, ref_grads,
+                                                             options={"parallel_cross_entropy": True})
         result["tp_sp_without_grad_sync"] = check("tp_sp", copy.deepcopy(base), topo, ref_losses, ref_grads,
                                                   broken=True)
         if topo.is_main:

@@ -47,6 +47,10 @@ def _check_tensor_parallel(exp: dict, where: str) -> None:
     from shardlab.config import ConfigError, world_size_for
 
     strategy = where.rsplit(".", 1)[-1]
+    allowed = {"world_size", "parallel_cross_entropy"} if strategy in ("tp", "tp_sp") else {"world_size"}
+    for key in exp.get("strategy_options", {}).get(strategy, {}):
+        if key not in allowed:
+            raise ConfigError(f"{where}.{key}", f"unknown option (allowed: {', '.join(sorted(allowed))})")
     tp = world_size_for(exp, strategy)
     model = exp["model"]
     if tp == "auto" or model.get("source") != "local":

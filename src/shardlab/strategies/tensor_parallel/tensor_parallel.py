@@ -6,9 +6,9 @@ Hugging Face model:
 - attention `query_key_value`, MLP `dense_h_to_4h`: column-parallel (output features split). The fused
   QKV weight is laid out head by head, so a contiguous row chunk is a whole set of heads per rank.
 - attention `dense`, MLP `dense_4h_to_h`: row-parallel (input features split), one all-reduce after.
-- `embed_in`: vocabulary-parallel embedding; `lm_head`: column-parallel over the vocabulary, logits
-  gathered (the vocabulary of the study's models is small next to s*b, so a parallel cross-entropy
-  would save one all-gather of logits per step and was not worth a third loss path here).
+- `embed_in`: vocabulary-parallel embedding; `lm_head`: column-parallel over the vocabulary. Its
+  logits are gathered for the plain loss, or, with the option `parallel_cross_entropy: true`, kept
+  split and fed to the vocabulary-parallel cross-entropy (`cross_entropy.py`).
 
 Sequence parallelism additionally keeps LayerNorms, dropout and residual adds on a sequence shard:
 the embedding stays replicated (the HF model builds the causal mask and RoPE from its full-length
@@ -26,7 +26,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from shardlab.strategies.base import Strategy
+from shardlab.strategies.base import Strategy, causal_lm_loss
+from shardlab.strategies.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from shardlab.strategies.tensor_parallel.tp_communications import (
     copy_to_tp, gather_last_dim, reduce_from_tp, reduce_scatter_sequence, sequence_gathered_linear, split_sequence)
 
@@ -117,7 +118,7 @@ def _attention_sees_whole_sequence(attention: nn.Module, group):
     return hook
 
 
-def parallelize_neox(model: nn.Module, group, sequence_parallel: bool) -> nn.Module:
+def parallelize_neox(model: nn.Module, group, sequence_parallel: bool, gather_logits: bool = True) -> nn.Module:
     """Swap GPT-NeoX's linear layers and embeddings for their tensor-parallel versions, in place."""
     neox = model.gpt_neox
     neox.embed_in = VocabParallelEmbedding(neox.embed_in, group)
@@ -136,7 +137,7 @@ def parallelize_neox(model: nn.Module, group, sequence_parallel: bool) -> nn.Mod
     if sequence_parallel:
         neox.layers[0].register_forward_pre_hook(lambda m, args: (split_sequence(args[0], group), *args[1:]))
         _mark_sequence_parallel(neox.final_layer_norm)
-    model.lm_head = ColumnParallelLinear(model.lm_head, group, input_mode=column_input, gather_output=True)
+    model.lm_head = ColumnParallelLinear(model.lm_head, group, input_mode=column_input, gather_output=gather_logits)
     return model
 
 
@@ -179,7 +180,28 @@ class HandTensorParallel(TensorParallelStrategy):
 
     def wrap(self, model):
         self._group = self.tp_group()
-        return parallelize_neox(model, self._group, self.sequence_parallel)
+        self.parallel_cross_entropy = bool(self.options.get("parallel_cross_entropy", False))
+        model = parallelize_neox(model, self._group, self.sequence_parallel,
+                                 gather_logits=not self.parallel_cross_entropy)
+        self._vocab_start = dist.get_rank(self._group) * model.lm_head.weight.shape[0]
+        return model
+
+    def _loss(self, inputs, labels):
+        logits = self.model(input_ids=inputs).logits
+        if not self.parallel_cross_entropy:
+            return causal_lm_loss(logits, labels)
+        return vocab_parallel_cross_entropy(logits.flatten(0, -2), labels.flatten(), self._vocab_start, self._group)
+
+    def forward_backward(self, inputs, labels, scale):
+        with self.autocast():
+            loss = self._loss(inputs, labels)
+        (loss * scale).backward()
+        return loss.detach()
+
+    @torch.no_grad()
+    def evaluate(self, inputs, labels):
+        with self.autocast():
+            return self._loss(inputs, labels)
 
     def sync_gradients(self) -> None:
         # Only SP has partial-sum gradients: parameters that saw one sequence shard per rank.

@@ -68,7 +68,12 @@ class _CopyToTP(torch.autograd.Function):
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        return _all_reduce(x.clone(), group)
+        if not x.is_contiguous():
+            return _all_reduce(x.clone(), group)
+        # x is a matmul output nothing else reads (linear saves its input, not its output): reduce in place.
+        ctx.mark_dirty(x)
+        dist.all_reduce(x, group=group)
+        return x
 
     @staticmethod
     def backward(ctx, grad):

@@ -1,0 +1,148 @@
+"""Tensor-parallel inference benchmark: greedy generation with a KV cache, single device vs `tp`.
+
+    python -m shardlab.inference --experiment-config results/E/experiment.json --model-dir M --out tp_inference.csv
+
+runs the single-device benchmark in this process, then the same generation under `torchrun` with the
+hand-written TP model (this module with `--worker`), and writes one row per (mode, rank): tokens/s,
+KV-cache bytes held by the rank, and whether the generated tokens equal the single device's. Under TP
+each rank caches only its own heads' keys and values, so the cache per rank should be 1/t.
+A failed TP launch becomes a row with status 'failed' and its reason (failure is data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+FIELDS = ["mode", "tp", "rank", "status", "reason", "batch", "prompt_len", "new_tokens", "tokens_per_s",
+          "latency_s", "kv_cache_bytes", "param_bytes", "matches_single"]
+
+
+def prompt_ids(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+
+
+def kv_cache_bytes(cache) -> int:
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+@torch.no_grad()
+def benchmark(model, prompt: torch.Tensor, new_tokens: int, repeats: int) -> dict:
+    """Median wall time of `repeats` greedy generations (after one warm-up) and the cache it built."""
+    model.eval()
+    kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                  do_sample=False, use_cache=True, return_dict_in_generate=True, pad_token_id=0)
+    model.generate(prompt, **kwargs)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = model.generate(prompt, **kwargs)
+        times.append(time.perf_counter() - start)
+    latency = statistics.median(times)
+    return {"latency_s": latency, "tokens_per_s": prompt.shape[0] * new_tokens / latency,
+            "kv_cache_bytes": kv_cache_bytes(out.cache), "sequences": out.sequences.tolist(),
+            "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def worker(args) -> None:
+    """One rank of the TP benchmark (under torchrun)."""
+    import torch.distributed as dist
+
+    from shardlab.model import load_model
+    from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
+    from shardlab.topology import init_topology, shutdown
+
+    exp = json.loads(args.experiment_config.read_text())
+    topo = init_topology(exp["launch"])
+    try:
+        model = load_model(args.model_dir).to(topo.device)
+        group = topo.mesh(tp=topo.world_size).get_group("tp")
+        parallelize_neox(model, group, sequence_parallel=False)
+        prompt = prompt_ids(model.config.vocab_size, args.batch, args.prompt_len).to(topo.device)
+        result = benchmark(model, prompt, args.new_tokens, args.repeats)
+        result["rank"] = topo.rank
+        results = [None] * topo.world_size
+        dist.all_gather_object(results, result)
+        if topo.is_main:
+            args.worker_out.write_text(json.dumps(results))
+    finally:
+        shutdown()
+
+
+def _row(mode: str, tp: int, rank: int, args, result: dict | None, reference: list | None, reason: str = "") -> dict:
+    row = {"mode": mode, "tp": tp, "rank": rank, "status": "ok" if result else "failed", "reason": reason,
+           "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens}
+    if result:
+        row.update({k: result[k] for k in ("tokens_per_s", "latency_s", "kv_cache_bytes", "param_bytes")})
+        row["matches_single"] = result["sequences"] == reference if reference is not None else True
+    return row
+
+
+def run_tp(args, tp: int) -> tuple[list | None, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "tp.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
+               "-m", "shardlab.inference", "--worker", "--worker-out", str(out),
+               "--experiment-config", str(args.experiment_config), "--model-dir", str(args.model_dir),
+               "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
+               "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, env=dict(os.environ))
+        sys.stdout.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        if proc.returncode != 0 or not out.exists():
+            lines = [l for l in (proc.stderr or proc.stdout).splitlines() if "Error" in l]
+            return None, (lines[-1] if lines else f"torchrun exited with {proc.returncode}")[:300]
+        return json.loads(out.read_text()), ""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="shardlab.inference", description=__doc__)
+    parser.add_argument("--experiment-config", type=Path, required=True)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--tp", type=int, default=None, help="TP degree (default: the experiment's launch.world_size)")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout-s", type=int, default=600)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    from shardlab.model import load_model
+
+    exp = json.loads(args.experiment_config.read_text())
+    tp = args.tp or int(exp["launch"]["world_size"])
+    torch.set_num_threads(exp["launch"].get("threads_per_rank", 1))  # same threads as one TP rank
+    model = load_model(args.model_dir)
+    single = benchmark(model, prompt_ids(model.config.vocab_size, args.batch, args.prompt_len),
+                       args.new_tokens, args.repeats)
+    rows = [_row("single", 1, 0, args, single, None)]
+    results, reason = run_tp(args, tp)
+    if results is None:
+        rows.append(_row("tp", tp, 0, args, None, None, reason))
+    else:
+        rows += [_row("tp", tp, r["rank"], args, r, single["sequences"]) for r in results]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    for row in rows:
+        print({k: row.get(k) for k in ("mode", "rank", "status", "tokens_per_s", "kv_cache_bytes", "matches_single")})
+
+
+if __name__ == "__main__":
+    main()
