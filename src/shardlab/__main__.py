@@ -13,6 +13,8 @@ COMMANDS = {
     "prepare-model": ("shardlab.model:main", "build or download an experiment's model"),
     "prepare-data": ("shardlab.data:main", "tokenize an experiment's corpus"),
     "launch": ("shardlab.launch:main", "run one strategy under torchrun and record the outcome"),
+    "plan-zero": ("shardlab.zero_planner:main", "pick a ZeRO stage from model size, device memory and count"),
+    "zero-tables": ("shardlab.zero_tables:main", "ZeRO report tables: measured vs predicted memory, tree check"),
 }
 
 

@@ -42,6 +42,19 @@ def _one(world_size: int, options: dict) -> int:
     return 1
 
 
+def _zero_checks(rung: str):
+    def check(exp: dict, where: str) -> None:
+        from shardlab.strategies.zero_config import check_zero_options
+
+        check_zero_options(rung, exp, where)
+
+    return check
+
+
+def _zero(name: str, cls: str, summary: str) -> StrategySpec:
+    return StrategySpec(name, f"shardlab.strategies.zero:{cls}", "zero", summary, check_options=_zero_checks(name))
+
+
 def _check_tensor_parallel(exp: dict, where: str) -> None:
     """Heads, MLP width and vocabulary split evenly over the TP ranks; SP also splits the sequence."""
     from shardlab.config import ConfigError, world_size_for
@@ -82,6 +95,16 @@ _SPECS = [
                  "Per-layer async all-reduce launched from gradient hooks, overlapping backward (hand-written)."),
     StrategySpec("ddp", "shardlab.strategies.ddp:TorchDDP", "data parallel",
                  "torch DistributedDataParallel: bucketed all-reduce overlapped with backward."),
+    _zero("zero0", "Zero0", "DeepSpeed ZeRO stage 0: plain data parallelism inside the DeepSpeed engine."),
+    _zero("zero1", "Zero1", "DeepSpeed ZeRO-1: optimizer state (with fp32 master weights) sharded."),
+    _zero("zero2", "Zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded."),
+    _zero("zero3", "Zero3", "DeepSpeed ZeRO-3: optimizer state, gradients and parameters sharded."),
+    _zero("zero2_offload", "Zero2Offload", "DeepSpeed ZeRO-2 with the optimizer state and step on the CPU."),
+    _zero("zero3_offload", "Zero3Offload", "DeepSpeed ZeRO-3 with parameters and optimizer state on the CPU."),
+    StrategySpec("fsdp2_full", "shardlab.strategies.fsdp2:FSDP2Full", "zero",
+                 "torch FSDP2 fully_shard, reshard after forward (ZeRO-3's schedule)."),
+    StrategySpec("fsdp2_grad_op", "shardlab.strategies.fsdp2:FSDP2GradOp", "zero",
+                 "torch FSDP2 fully_shard, weights kept gathered from forward to backward (ZeRO-2-like)."),
     StrategySpec("cp_ring", "shardlab.strategies.context_parallel.strategy:ContextParallelRing", "context parallel",
                  "Sequence sharded zig-zag over ranks; hand-written ring attention (K/V blocks rotate by send/recv).",
                  data_parallel_size=_one, check_options=_lazy("context_parallel.options:check_cp_options")),

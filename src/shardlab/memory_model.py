@@ -1,0 +1,99 @@
+"""Predicted per-rank bytes of model states (parameters, gradients, optimizer state) on the ZeRO ladder.
+
+The ZeRO paper's accounting with Ψ parameters and N data-parallel ranks, for mixed-precision Adam:
+2Ψ (bf16 weights) + 2Ψ (bf16 gradients) + 12Ψ (fp32 master weights, momentum, variance) = 16Ψ;
+ZeRO-1 divides the 12Ψ by N, ZeRO-2 also the gradients, ZeRO-3 also the weights.
+
+Two dtype policies:
+- `bf16`: DeepSpeed's bf16 mixed precision (weights and gradients in bf16, fp32 master + moments).
+- `fp32`: weights and gradients in fp32 (4Ψ + 4Ψ), moments 8Ψ for Adam; DeepSpeed still keeps a
+  separate fp32 master partition (4Ψ/N) from stage 1 on, which plain fp32 training does not need.
+FSDP2 keeps its sharded parameters in fp32 under either policy (bf16 is a compute cast of the
+gathered weights) and has no master copy: 4Ψ/N + 4Ψ/N + moments/N.
+
+Gradients are given twice: `grad_bytes` after the reduction at the accumulation boundary (what a
+rank holds when the step runs; DeepSpeed partitions gradients there from stage 1 on), and
+`grad_peak_bytes` during backward (stages 0-1 hold the full gradient until the reduction, stages 2-3
+one reduce bucket on top of their partition). The planner budgets the peak.
+With optimizer offload at stage 3, DeepSpeed holds two gradient partitions in host memory (its
+partition buffer and the fp32 gradient of the master partition; measured on CPU).
+Padding of DeepSpeed's aligned flat buffers is not modelled (at most a few elements per rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# rung -> (ZeRO stage, optimizer state offloaded, parameters offloaded, framework)
+RUNGS: dict[str, tuple[int, bool, bool, str]] = {
+    "zero0": (0, False, False, "deepspeed"),
+    "zero1": (1, False, False, "deepspeed"),
+    "zero2": (2, False, False, "deepspeed"),
+    "zero3": (3, False, False, "deepspeed"),
+    "zero2_offload": (2, True, False, "deepspeed"),
+    "zero3_offload": (3, True, True, "deepspeed"),
+    "fsdp2_grad_op": (3, False, False, "fsdp2"),
+    "fsdp2_full": (3, False, False, "fsdp2"),
+}
+LADDER = ["zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
+MOMENT_BYTES = {"adamw": 8, "sgd": 0}  # fp32 state per parameter (SGD without momentum keeps none)
+DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce bucket, in elements
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes one rank holds. `*_offloaded` parts live in host memory, the rest on the device."""
+
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+    grad_peak_bytes: float
+    offloaded_bytes: float  # part of the three above that sits in host memory
+
+    @property
+    def total_bytes(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def device_peak_bytes(self) -> float:
+        """Model-state bytes the accelerator must hold at the worst moment of a step."""
+        return self.param_bytes + self.grad_peak_bytes + self.optimizer_bytes - self.offloaded_bytes
+
+    def as_dict(self) -> dict:
+        return dict(asdict(self), total_bytes=self.total_bytes, device_peak_bytes=self.device_peak_bytes)
+
+
+def predict(rung: str, n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
+            bucket_elements: float = DEFAULT_BUCKET) -> ModelStates:
+    """Per-rank model-state bytes of `rung` for a model of `n_params` on `ranks` data-parallel ranks."""
+    stage, off_opt, off_param, framework = RUNGS[rung]
+    psi, n = float(n_params), ranks
+    moments = MOMENT_BYTES[optimizer]
+    if framework == "fsdp2":
+        weight = grad = 4
+        master = 0
+    else:
+        weight = grad = 2 if dtype == "bf16" else 4
+        master = 4 if (dtype == "bf16" or stage >= 1) else 0  # fp32 stage 0 updates the weights in place
+
+    params = weight * psi / (n if stage == 3 else 1)
+    grads = grad * psi / (n if stage >= 1 else 1)
+    opt = (master + moments) * psi / (n if stage >= 1 else 1)
+    if stage <= 1:
+        grad_peak = grad * psi + (grads if stage == 1 else 0)  # full gradient, then its reduced partition
+    else:
+        grad_peak = grads + grad * min(bucket_elements, psi)
+    if off_opt and stage == 3:
+        # Measured: DeepSpeed's stage-3 offload keeps its gradient partition buffer AND a separate fp32
+        # gradient of the master partition for the CPU optimizer, both in host memory.
+        grads += 4 * psi / n
+        grad_peak += 4 * psi / n
+    offloaded = (opt if off_opt else 0) + (params if off_param else 0)
+    if off_opt:
+        offloaded += grads  # the gradient partition(s) the CPU optimizer steps on live in host memory too
+    return ModelStates(params, grads, opt, grad_peak, offloaded)
+
+
+def prediction_table(n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
+                     rungs=None) -> list[dict]:
+    return [dict(rung=r, **predict(r, n_params, ranks, dtype, optimizer).as_dict()) for r in (rungs or list(RUNGS))]

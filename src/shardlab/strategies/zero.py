@@ -1,0 +1,180 @@
+"""The ZeRO ladder through DeepSpeed: stages 0-3, optimizer offload (stage 2) and full offload (stage 3).
+
+DeepSpeed owns backward, gradient reduction and the optimizer step: following its idiom, every
+micro-batch runs `engine.backward(loss)` then `engine.step()`, and the engine itself decides when a
+gradient-accumulation boundary has been reached (it scales the loss by 1/accumulation steps and
+reduces/partitions gradients there). The shared loop's `optimizer_step`/`zero_grad` are no-ops.
+
+Memory is counted from what the rank really holds: unique tensor storages (so padding of DeepSpeed's
+flat, aligned buffers is included, and a buffer shared by two roles is counted once), under the
+ZeRO paper's split: parameters, gradients, optimizer state (= fp32 master partition + moments).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import nn
+
+from shardlab.strategies.base import Strategy, causal_lm_loss, build_optimizer
+from shardlab.strategies.zero_config import deepspeed_config, rung_settings
+
+
+def _storages(tensors):
+    """(key, nbytes) of each tensor's storage; empty/None tensors (e.g. released stage-3 params) skipped."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0:
+            yield t.untyped_storage()._cdata, t.untyped_storage().nbytes()
+
+
+def count_unique(tensors, seen: set) -> int:
+    total = 0
+    for key, nbytes in _storages(tensors):
+        if key not in seen:
+            seen.add(key)
+            total += nbytes
+    return total
+
+
+def _flatten(obj):
+    """Tensors inside nested lists/dicts (DeepSpeed keeps per-group lists and dicts of partitions)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _flatten(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _flatten(v)
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """What a rank may fill: the accelerator's memory, or the host's RAM on CPU (the planner's budget)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class DeepSpeedZero(Strategy):
+    rung = "zero0"
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        import deepspeed
+
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        self.settings = rung_settings(self.rung, self.options)
+        n_params = sum(p.numel() for p in model.parameters())
+        self.ds_config = deepspeed_config(self.rung, self.training, self.options, self.dp_size, n_params)
+        client = build_optimizer(model.parameters(), self.training)
+        self.engine, self._ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=client, config=self.ds_config, dist_init_required=False)
+        self._grad_bytes = None
+        return self.engine
+
+    def make_optimizer(self):
+        return self._ds_optimizer
+
+    def artifacts(self) -> dict:
+        return {"ds_config.json": self.ds_config}
+
+    @property
+    def stage(self) -> int:
+        return self.ds_config["zero_optimization"]["stage"]
+
+    def autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()  # precision is DeepSpeed's (bf16 section of the JSON)
+
+    def forward_backward(self, inputs, labels, scale):
+        gas = self.ds_config["gradient_accumulation_steps"]
+        assert abs(scale * gas - 1.0) < 1e-9, "the loop's micro-batches must match DeepSpeed's accumulation steps"
+        loss = causal_lm_loss(self.engine(input_ids=inputs).logits, labels)
+        self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+        if self._grad_bytes is None and self.engine.is_gradient_accumulation_boundary():
+            self._grad_bytes = self._count_grads()  # reduced gradients exist only until the step frees them
+        self.engine.step()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        pass  # engine.step() ran after each micro-batch; it steps at the accumulation boundary
+
+    def zero_grad(self) -> None:
+        pass  # the engine clears gradients inside step()
+
+    @torch.no_grad()
+    def evaluate(self, inputs, labels):
+        return causal_lm_loss(self.engine(input_ids=inputs).logits, labels)
+
+    @property
+    def probe_module(self):
+        return self.engine.module
+
+    # --- what this rank holds --------------------------------------------------------------
+    def _param_tensors(self):
+        params = list(self.engine.module.parameters())
+        if self.stage == 3:
+            return [p.ds_tensor for p in params]  # this rank's partition; p.data is empty between uses
+        return params  # stages 1-2: views into DeepSpeed's flat (padded) buffers, counted whole
+
+    def _count_grads(self) -> int:
+        opt = self._ds_optimizer
+        seen: set = set()
+        count_unique(self._param_tensors(), seen)  # never count a parameter buffer as a gradient
+        grads = [p.grad for p in self.engine.module.parameters()]
+        for attr in ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer"):
+            grads += list(_flatten(getattr(opt, attr, None)))
+        grads += [t.grad for t in self._master_partitions()]  # with offload: the fp32 gradient partition on the host
+        return count_unique(grads, seen)
+
+    def _master_partitions(self) -> list:
+        opt = self._ds_optimizer
+        return [*_flatten(getattr(opt, "single_partition_of_fp32_groups", None)),  # stages 1-2
+                *_flatten(getattr(opt, "fp32_partitioned_groups_flat", None))]  # stage 3
+
+    def state_bytes(self) -> dict[str, int]:
+        opt = self._ds_optimizer
+        seen: set = set()
+        param_bytes = count_unique(self._param_tensors(), seen)
+        master = self._master_partitions()
+        inner = getattr(opt, "optimizer", opt)  # ZeRO wraps our torch optimizer; stage 0 may not
+        moments = [t for state in inner.state.values() for t in state.values()]
+        optimizer_bytes = count_unique(master + moments, seen)
+        return {"param_bytes": param_bytes, "grad_bytes": self._grad_bytes or 0, "optimizer_bytes": optimizer_bytes,
+                "device_memory_bytes": device_memory_bytes(self.topo.device),
+                "zero_stage": self.stage, "offload_optimizer": self.settings["offload_optimizer"],
+                "offload_param": self.settings["offload_param"]}
+
+    def full_state_dict(self) -> dict | None:
+        """The unsharded weights on rank 0 (stage 3 gathers the partitions); None on other ranks."""
+        if self.stage == 3:
+            state = self.engine._zero3_consolidated_16bit_state_dict()  # collective: every rank calls it
+        else:
+            state = {k: v.detach().clone() for k, v in self.engine.module.state_dict().items()}
+        return {k: v.cpu() for k, v in state.items()} if self.topo.is_main and state is not None else None
+
+
+class Zero0(DeepSpeedZero):
+    rung = "zero0"
+
+
+class Zero1(DeepSpeedZero):
+    rung = "zero1"
+
+
+class Zero2(DeepSpeedZero):
+    rung = "zero2"
+
+
+class Zero3(DeepSpeedZero):
+    rung = "zero3"
+
+
+class Zero2Offload(DeepSpeedZero):
+    rung = "zero2_offload"
+
+
+class Zero3Offload(DeepSpeedZero):
+    rung = "zero3_offload"

@@ -1,0 +1,100 @@
+"""The ZeRO ladder as data: each rung's DeepSpeed settings, their checks, and the generated JSON.
+
+Importable without torch or DeepSpeed, so the registry can check a config before any launch.
+"""
+
+from __future__ import annotations
+
+from shardlab.config import ConfigError
+
+# Rung -> ZeRO stage and where the optimizer state / parameters live between steps.
+LADDER: dict[str, dict] = {
+    "zero0": {"stage": 0, "offload_optimizer": "none", "offload_param": "none"},
+    "zero1": {"stage": 1, "offload_optimizer": "none", "offload_param": "none"},
+    "zero2": {"stage": 2, "offload_optimizer": "none", "offload_param": "none"},
+    "zero3": {"stage": 3, "offload_optimizer": "none", "offload_param": "none"},
+    "zero2_offload": {"stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
+    "zero3_offload": {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+}
+
+# Settings a run may override in `strategy_options.<rung>` (besides the launcher's `world_size`).
+OPTION_DEFAULTS = {
+    "offload_optimizer": None,  # None: the rung's own setting
+    "offload_param": None,
+    "bucket_size": None,  # elements per reduce/all-gather bucket; None: min(5e8, parameter count)
+    "param_persistence_threshold": 0,  # stage 3: 0 shards every tensor (DeepSpeed's default 1e5 keeps small ones whole)
+    "overlap_comm": False,
+}
+OFFLOAD_DEVICES = ("none", "cpu")
+
+
+def rung_settings(rung: str, options: dict) -> dict:
+    """The rung's settings with the run's overrides applied."""
+    settings = dict(LADDER[rung])
+    for key, default in OPTION_DEFAULTS.items():
+        value = options.get(key, default)
+        if value is not None or key not in settings:
+            settings[key] = value
+    return settings
+
+
+def check_zero_options(rung: str, exp: dict, where: str) -> None:
+    """Reject settings DeepSpeed would refuse (or silently ignore) before anything is launched."""
+    options = exp.get("strategy_options", {}).get(rung, {})
+    for key in options:
+        if key not in OPTION_DEFAULTS and key != "world_size":
+            raise ConfigError(f"{where}.{key}", f"unknown DeepSpeed option (known: {', '.join(sorted(OPTION_DEFAULTS))}, world_size)")
+    s = rung_settings(rung, options)
+    for key in ("offload_optimizer", "offload_param"):
+        if s[key] not in OFFLOAD_DEVICES:
+            raise ConfigError(f"{where}.{key}", f"'{s[key]}' is not an offload device (use one of {OFFLOAD_DEVICES})")
+    if s["stage"] == 0 and s["offload_optimizer"] != "none":
+        raise ConfigError(f"{where}.offload_optimizer", "ZeRO stage 0 has no partitioned optimizer to offload; use zero1 or higher")
+    if s["offload_param"] != "none" and s["stage"] != 3:
+        raise ConfigError(f"{where}.offload_param", f"parameter offload needs ZeRO stage 3, this rung is stage {s['stage']}")
+    if s["bucket_size"] is not None and (not isinstance(s["bucket_size"], int) or s["bucket_size"] < 1):
+        raise ConfigError(f"{where}.bucket_size", "must be a positive integer number of elements")
+    if not isinstance(s["param_persistence_threshold"], int) or s["param_persistence_threshold"] < 0:
+        raise ConfigError(f"{where}.param_persistence_threshold", "must be a non-negative integer")
+    training = exp["training"]
+    world = options.get("world_size", exp["launch"]["world_size"])
+    if world != "auto":
+        gbs, mbs = training["global_batch_size"], training.get("micro_batch_size")
+        if gbs % world:
+            raise ConfigError(f"{where.rsplit('.strategy_options', 1)[0]}.training.global_batch_size",
+                              f"DeepSpeed needs train_batch_size ({gbs}) divisible by the {world} data-parallel ranks")
+        if mbs and (gbs // world) % mbs:
+            raise ConfigError(f"{where.rsplit('.strategy_options', 1)[0]}.training.micro_batch_size",
+                              f"DeepSpeed needs train_batch_size = micro_batch x accumulation x ranks; "
+                              f"{mbs} does not divide the per-rank batch {gbs // world}")
+
+
+def deepspeed_config(rung: str, training: dict, options: dict, dp_size: int, n_params: int) -> dict:
+    """The DeepSpeed JSON for one run, generated from our experiment config (saved beside the run)."""
+    s = rung_settings(rung, options)
+    local = training["global_batch_size"] // dp_size
+    micro = training.get("micro_batch_size") or local
+    bucket = int(s["bucket_size"] or min(500_000_000, n_params))
+    zero = {"stage": s["stage"], "contiguous_gradients": True, "overlap_comm": s["overlap_comm"],
+            "reduce_scatter": True, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
+    if s["offload_optimizer"] != "none":
+        zero["offload_optimizer"] = {"device": s["offload_optimizer"], "pin_memory": False}
+    if s["offload_param"] != "none":
+        zero["offload_param"] = {"device": s["offload_param"], "pin_memory": False}
+    if s["stage"] == 3:
+        zero.update(stage3_param_persistence_threshold=s["param_persistence_threshold"],
+                    stage3_prefetch_bucket_size=bucket, stage3_gather_16bit_weights_on_model_save=True)
+    return {
+        "train_batch_size": training["global_batch_size"],
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": local // micro,
+        "gradient_clipping": 0.0,
+        "bf16": {"enabled": training["dtype"] == "bf16"},
+        "zero_optimization": zero,
+        # Our optimizer (torch SGD/AdamW from build_optimizer) is passed in, so DeepSpeed must accept it,
+        # also under offload where it would otherwise insist on its CPU Adam.
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }

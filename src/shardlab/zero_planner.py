@@ -1,0 +1,88 @@
+"""The ZeRO decision tree: pick a rung from model size, device memory and device count.
+
+Derived from `shardlab.memory_model`: walk the ladder from the cheapest communication to the most
+(ZeRO-0/1/2 move 2Ψ per step like plain data parallelism, ZeRO-3 1.5x that, offload adds host
+transfers and a CPU optimizer step) and take the first rung whose model states at their peak fit in
+the device memory left after a margin for activations, communication buckets and allocator
+fragmentation (`headroom`, default 25 % of the device). Offloaded state must also fit in host memory.
+
+    python -m shardlab plan-zero --params 6.9e9 --gpus 2 --gpu-mem 80GB
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from shardlab.memory_model import LADDER, predict
+
+DEFAULT_HEADROOM = 0.25
+_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str) -> float:
+    """'80GB' -> 8e10, '24GiB' -> 24*2**30, '1e9' -> 1e9."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ValueError(f"cannot read a memory size from '{text}' (e.g. 80GB, 24GiB, 1e9)")
+    return float(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def feasibility(n_params: float, gpus: int, gpu_mem: float, dtype: str = "bf16", optimizer: str = "adamw",
+                headroom: float = DEFAULT_HEADROOM, host_mem: float | None = None) -> list[dict]:
+    """One row per rung: predicted peak device bytes per rank, the budget, and whether it fits."""
+    budget = gpu_mem * (1 - headroom)
+    rows = []
+    for rung in LADDER:
+        states = predict(rung, n_params, gpus, dtype, optimizer)
+        host_needed = states.offloaded_bytes * gpus  # every rank's offloaded share lives on the same host
+        fits_device = states.device_peak_bytes <= budget
+        fits_host = host_mem is None or host_needed <= host_mem
+        rows.append({"rung": rung, "device_peak_bytes": states.device_peak_bytes, "budget_bytes": budget,
+                     "host_bytes": host_needed, "fits": fits_device and fits_host,
+                     "why": ("fits" if fits_device and fits_host else
+                             "model states exceed the device budget" if not fits_device else
+                             "offloaded state exceeds host memory")})
+    return rows
+
+
+def choose(rows: list[dict]) -> str | None:
+    """The first rung on the ladder that fits (least communication), or None: shard further (TP/PP)."""
+    return next((r["rung"] for r in rows if r["fits"]), None)
+
+
+def plan(n_params: float, gpus: int, gpu_mem: float, **kw) -> dict:
+    rows = feasibility(n_params, gpus, gpu_mem, **kw)
+    return {"choice": choose(rows), "rows": rows}
+
+
+def render(result: dict, n_params: float, gpus: int, gpu_mem: float, headroom: float) -> str:
+    gb = 1e9
+    lines = [f"{n_params / 1e9:.2f}B parameters on {gpus} device(s) of {gpu_mem / gb:.0f} GB "
+             f"(budget {gpu_mem * (1 - headroom) / gb:.1f} GB after a {headroom:.0%} activation/headroom margin)"]
+    for r in result["rows"]:
+        mark = "->" if r["rung"] == result["choice"] else "  "
+        lines.append(f"{mark} {r['rung']:14s} {r['device_peak_bytes'] / gb:8.1f} GB/device  "
+                     f"{'fits' if r['fits'] else 'no  '}  ({r['why']})")
+    lines.append(f"choice: {result['choice'] or 'none: the model states do not fit; add tensor/pipeline parallelism or more devices'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shardlab plan-zero", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", type=float, required=True, help="parameter count, e.g. 6.9e9")
+    parser.add_argument("--gpus", type=int, required=True, help="data-parallel devices")
+    parser.add_argument("--gpu-mem", required=True, help="memory per device, e.g. 80GB or 24GiB")
+    parser.add_argument("--host-mem", default=None, help="host memory for offloaded state (default: unlimited)")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
+                        help="fraction of device memory kept for activations and buffers (default 0.25)")
+    args = parser.parse_args(argv)
+    gpu_mem = parse_bytes(args.gpu_mem)
+    host_mem = parse_bytes(args.host_mem) if args.host_mem else None
+    result = plan(args.params, args.gpus, gpu_mem, dtype=args.dtype, optimizer=args.optimizer,
+                  headroom=args.headroom, host_mem=host_mem)
+    print(render(result, args.params, args.gpus, gpu_mem, args.headroom))
+    return 0
