@@ -138,8 +138,8 @@ def test_malformed_rows_are_skipped_and_counted(tmp_path):
 # --- domain metrics on hand-made cases --------------------------------------------------------
 def test_smiles_validity_uniqueness_novelty():
     # "C1CC" has an unclosed ring, "xyz" is not SMILES, "" is empty; "OCC" is ethanol again.
-    quality = ev.smiles_quality(["CCO", "C1CC", "", "OCC", "xyz", "c1ccccc1"], training={"CCO"})
-    assert quality["validity"] == pytest.approx(3 / 6)
+    quality = ev.smiles_quality(["CCO", "C1CC", "", "OCC", "xyz", "c1ccccc1", "CCO junk"], training={"CCO"})
+    assert quality["validity"] == pytest.approx(3 / 7)  # "CCO junk" is not one molecule
     assert quality["uniqueness"] == pytest.approx(2 / 3)
     assert quality["novelty"] == pytest.approx(1 / 2)  # benzene is new, ethanol is not
     assert math.isnan(ev.smiles_quality(["C1CC"], set())["uniqueness"])

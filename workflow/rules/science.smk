@@ -39,6 +39,7 @@ rule science_evaluate:
         splits=lambda w: f"{RESULTS}/{w.exp}/splits",
     log:
         f"{RESULTS}/{{exp}}/logs/science_evaluate.log",
+    threads: 1  # the evaluator pins torch to one thread (tiny forwards)
     conda:
         ENV
     shell:
