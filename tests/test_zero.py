@@ -18,7 +18,8 @@ from shardlab.zero_planner import main as plan_zero_main, parse_bytes, plan
 ZERO_RUNGS = ["zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
 FSDP2 = ["fsdp2_full", "fsdp2_grad_op"]
 # fp32, SGD, same seed and global batch: every rung reproduces the reference to float32 rounding of
-# a different reduction order (measured worst case 4.8e-7 on losses ~4-6, i.e. ~1e-7 relative).
+# a different reduction order (measured worst case over 6 steps: 4.8e-7 at stages 0-2, 9.5e-7 at
+# stage 3, on losses of 4-6, i.e. about 2 ulp of float32).
 LOSS_TOL = 2e-6
 MEMORY_TOL = 0.01  # target: model states within 1 % of the memory model
 
