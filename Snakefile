@@ -18,6 +18,7 @@ include: "workflow/rules/metrics.smk"
 include: "workflow/rules/comm.smk"
 include: "workflow/rules/context_expert.smk"
 include: "workflow/rules/pipeline.smk"
+include: "workflow/rules/science.smk"
 include: "workflow/rules/report.smk"
 
 
