@@ -186,7 +186,7 @@ def test_tp_component_table_from_run_summaries(tp_runs, tiny_assets, tmp_path):
         summaries.append(str(run / "summary.json"))
     (tmp_path / "exp" / "experiment.json").write_text(json.dumps(TEST_EXPERIMENT))
     out = tmp_path / "tp_activation_components.csv"
-    tp_tables(["--model-dir", str(tiny_assets[0]), "--out", str(out), *summaries])
+    tp_tables(["--out", str(out), *summaries])
     table = pd.read_csv(out)
     assert set(table["strategy"]) == {"single", "tp_sp"}
     assert len(table) == len(COMPONENTS) * (1 + 2)  # single: one rank; tp_sp: two

@@ -2,11 +2,12 @@
 component, measured on every rank, beside the Korthikanti et al. formula (fp32 values, 1-byte masks)
 and the formula adapted to what this model saves (`shardlab.activation_model`).
 
-    python -m shardlab.tp_tables --model-dir resources/models/M --out results/tables/tp_activation_components.csv \
+    python -m shardlab.tp_tables --models-dir resources/models --out results/tables/tp_activation_components.csv \
         results/E/runs/*/summary.json
 
-Model sizes come from the model folder's config.json; sequence length and batch from the run's
-experiment (`results/<exp>/experiment.json`). The batch is the micro-batch the probe measured on a rank.
+Everything comes from each run's experiment (`results/<exp>/experiment.json`): sequence length, the
+micro-batch the probe measured on a rank, and the model's sizes (for hub models, from
+`<models-dir>/<name>/config.json`).
 """
 
 from __future__ import annotations
@@ -32,14 +33,20 @@ def probed_micro_batch(exp: dict, strategy: str, world_size: int) -> int:
     return min(local, training.get("micro_batch_size") or local)
 
 
-def rows_for(summary_path: Path, model_config: dict) -> list[dict]:
+def model_sizes(model: dict, models_dir: Path | None) -> dict:
+    if model["source"] == "local":
+        return {"h": model["hidden_size"], "a": model["num_heads"], "n_layers": model["num_layers"]}
+    config = json.loads((models_dir / model["name"] / "config.json").read_text())
+    return {"h": config["hidden_size"], "a": config["num_attention_heads"], "n_layers": config["num_hidden_layers"]}
+
+
+def rows_for(summary_path: Path, models_dir: Path | None) -> list[dict]:
     summary = json.loads(summary_path.read_text())
     if summary.get("status") != "ok":
         return []  # failed runs have no activation measurement; runs.csv already records them
     exp = json.loads((summary_path.parents[2] / "experiment.json").read_text())
     dims = {"s": exp["training"]["seq_len"], "b": probed_micro_batch(exp, summary["strategy"], summary["world_size"]),
-            "h": model_config["hidden_size"], "a": model_config["num_attention_heads"],
-            "n_layers": model_config["num_hidden_layers"]}
+            **model_sizes(exp["model"], models_dir)}
     rows = []
     for rank in summary["ranks"]:
         for row in comparison_rows(summary["strategy"], rank.get("activation_by_module") or {}, dims,
@@ -50,12 +57,11 @@ def rows_for(summary_path: Path, model_config: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="shardlab.tp_tables", description=__doc__)
-    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--models-dir", type=Path, help="folder of model folders (needed for hub models)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("summaries", type=Path, nargs="+")
     args = parser.parse_args(argv)
-    model_config = json.loads((args.model_dir / "config.json").read_text())
-    rows = [row for path in args.summaries for row in rows_for(path, model_config)]
+    rows = [row for path in args.summaries for row in rows_for(path, args.models_dir)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows, columns=COLUMNS).to_csv(args.out, index=False)
     print(f"wrote {len(rows)} rows to {args.out}")

@@ -1,5 +1,6 @@
 # Tensor/sequence parallelism (issue 4): activation memory by component vs the Korthikanti formulas,
-# and the TP inference benchmark (greedy generation with KV cache, single device vs hand-written tp).
+# and the TP inference benchmark (greedy generation with KV cache, single device vs hand-written tp) on
+# the model of the first experiment that has a TP run.
 
 TP_STRATEGIES = ("single", "tp", "tp_sp", "tp_dtensor", "tp_sp_dtensor")
 TP_EXPERIMENTS = sorted({exp for exp, s in RUNS if s in TP_STRATEGIES[1:]})
@@ -10,18 +11,18 @@ rule tp_activation_components:
     input:
         summaries=[f"{run_dir(exp, s)}/summary.json" for exp, s in RUNS if exp in TP_EXPERIMENTS and s in TP_STRATEGIES],
         settings=[f"{RESULTS}/{exp}/experiment.json" for exp in TP_EXPERIMENTS],
-        model=[f"{model_dir(EXPERIMENTS[exp]['model']['name'])}/shardlab_model.json" for exp in TP_EXPERIMENTS[:1]],
+        models=[f"{model_dir(EXPERIMENTS[exp]['model']['name'])}/shardlab_model.json" for exp in TP_EXPERIMENTS],
         code=["src/shardlab/tp_tables.py", "src/shardlab/activation_model.py"],
     output:
         f"{RESULTS}/tables/tp_activation_components.csv",
     params:
-        model_dir=lambda w, input: os.path.dirname(input.model[0]),
+        models_dir=f"{RESOURCES}/models",
     log:
         f"{RESULTS}/logs/tp_activation_components.log",
     conda:
         ENV
     shell:
-        "python -m shardlab.tp_tables --model-dir {params.model_dir} --out {output} {input.summaries} > {log} 2>&1"
+        "python -m shardlab.tp_tables --models-dir {params.models_dir} --out {output} {input.summaries} > {log} 2>&1"
 
 
 rule tp_inference:
