@@ -4,10 +4,4 @@ from shardlab.strategies.base import Strategy
 
 
 class SingleDevice(Strategy):
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def dp_size(self) -> int:
-        return 1
+    dp_rank, dp_size = 0, 1  # one process holds the whole global batch

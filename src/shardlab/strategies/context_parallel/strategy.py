@@ -51,13 +51,7 @@ class ContextParallelRing(Strategy):
         return model
 
     # Every context-parallel rank sees the whole global batch (no data parallelism)...
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def dp_size(self) -> int:
-        return 1
+    dp_rank, dp_size = 0, 1
 
     # ...and keeps its zig-zag shard of each sequence.
     def local_batch(self, inputs, labels):

@@ -69,13 +69,8 @@ class MoESingle(_MixtureOfExperts):
     def wrap(self, model):
         return self._install(model, None, 0, 1)
 
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def dp_size(self) -> int:
-        return 1
+    # Every rank sees the whole global batch: no data-parallel split.
+    dp_rank, dp_size = 0, 1
 
 
 class ExpertParallelMoE(_MixtureOfExperts):

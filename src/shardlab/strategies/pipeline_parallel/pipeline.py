@@ -54,13 +54,8 @@ class PipelineParallel(Strategy):
         """(process group, this rank's position in the pipeline, pipeline length)."""
         return None, self.topo.rank, self.topo.world_size
 
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def dp_size(self) -> int:
-        return 1
+    # Every rank sees the whole global batch: no data-parallel split.
+    dp_rank, dp_size = 0, 1
 
     # --- set-up -------------------------------------------------------------------------
     def wrap(self, model):

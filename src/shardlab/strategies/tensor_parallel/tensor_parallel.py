@@ -147,13 +147,7 @@ class TensorParallelStrategy(Strategy):
     def tp_group(self):
         return self.topo.mesh(tp=self.topo.world_size).get_group("tp")
 
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def dp_size(self) -> int:
-        return 1
+    dp_rank, dp_size = 0, 1  # every TP rank sees the whole global batch
 
     def _whole(self, param: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
         """Reassemble `tensor` (the parameter itself or its gradient) from every rank's shard."""
