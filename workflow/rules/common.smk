@@ -65,6 +65,11 @@ def run_dir(exp, strategy):
     return f"{RESULTS}/{exp}/runs/{strategy}"
 
 
+def run_files(exp, name):
+    """One file (e.g. summary.json) of every run of an experiment."""
+    return [f"{run_dir(exp, s)}/{name}" for s in EXPERIMENTS[exp]["strategies"]]
+
+
 # Tables the report reads; rule files of other topics extend this list.
 REPORT_INPUTS = []
 

@@ -2,25 +2,36 @@
 # Reads every run of the experiments that contain cp_ring, moe_single or ep_moe.
 
 CONTEXT_EXPERT_STRATEGIES = ("cp_ring", "moe_single", "ep_moe")
-CONTEXT_EXPERT_EXPERIMENTS = sorted({exp for exp, s in RUNS if s in CONTEXT_EXPERT_STRATEGIES})
-CONTEXT_EXPERT_TABLES = [f"{RESULTS}/tables/{name}.csv" for name in ("cp_memory", "expert_load")]
+CONTEXT_EXPERT_EXPERIMENTS = sorted(
+    {exp for exp, s in RUNS if s in CONTEXT_EXPERT_STRATEGIES}
+)
+CONTEXT_EXPERT_TABLES = [
+    f"{RESULTS}/tables/{name}.csv" for name in ("cp_memory", "expert_load")
+]
 
 
 rule context_expert_tables:
     input:
-        summaries=[f"{run_dir(exp, s)}/summary.json" for exp, s in RUNS if exp in CONTEXT_EXPERT_EXPERIMENTS],
-        settings=[f"{RESULTS}/{exp}/experiment.json" for exp in CONTEXT_EXPERT_EXPERIMENTS],
+        summaries=[
+            f"{run_dir(exp, s)}/summary.json"
+            for exp, s in RUNS
+            if exp in CONTEXT_EXPERT_EXPERIMENTS
+        ],
+        settings=[
+            f"{RESULTS}/{exp}/experiment.json" for exp in CONTEXT_EXPERT_EXPERIMENTS
+        ],
         code="src/shardlab/context_expert_tables.py",
     output:
         CONTEXT_EXPERT_TABLES,
-    params:
-        out=f"{RESULTS}/tables",
     log:
         f"{RESULTS}/logs/context_expert_tables.log",
     conda:
         ENV
+    params:
+        out=lambda w, output: os.path.dirname(output[0]),
     shell:
         "python -m shardlab.context_expert_tables --out-dir {params.out} {input.summaries} > {log} 2>&1"
 
 
-REPORT_INPUTS.extend(CONTEXT_EXPERT_TABLES)
+if CONTEXT_EXPERT_EXPERIMENTS:
+    REPORT_INPUTS.extend(CONTEXT_EXPERT_TABLES)

@@ -22,4 +22,4 @@ rule render_report:
         title=config.get("report", {}).get("title", "shardlab study report"),
     shell:
         "python -m shardlab.reporting.render --qmd {input.qmd} --out-dir {params.out}"
-        " --title {params.title:q} 2>&1 | tee {log}"
+        " --title {params.title:q} {input.tables} 2>&1 | tee {log}"

@@ -2,25 +2,38 @@
 # against the runs' outcomes, and the tree itself as a table. Logic: shardlab.zero_tables.
 from shardlab.memory_model import RUNGS as ZERO_RUNGS
 
-ZERO_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if set(e["strategies"]) & set(ZERO_RUNGS)]
-ZERO_TABLES = [f"{RESULTS}/tables/{name}.csv" for name in ("zero_memory", "zero_tree_check", "zero_plan")]
+ZERO_EXPERIMENTS = [
+    n for n, e in EXPERIMENTS.items() if set(e["strategies"]) & set(ZERO_RUNGS)
+]
+ZERO_TABLES = [
+    f"{RESULTS}/tables/{name}.csv"
+    for name in ("zero_memory", "zero_tree_check", "zero_plan")
+]
 
 
 rule zero_tables:
     input:
         settings=[f"{RESULTS}/{exp}/experiment.json" for exp in ZERO_EXPERIMENTS],
-        summaries=[f"{run_dir(exp, s)}/summary.json" for exp in ZERO_EXPERIMENTS for s in EXPERIMENTS[exp]["strategies"]],
-        code=[f"src/shardlab/{m}.py" for m in ("zero_tables", "zero_planner", "memory_model")],
+        summaries=[
+            f"{run_dir(exp, s)}/summary.json"
+            for exp in ZERO_EXPERIMENTS
+            for s in EXPERIMENTS[exp]["strategies"]
+        ],
+        code=[
+            f"src/shardlab/{m}.py"
+            for m in ("zero_tables", "zero_planner", "memory_model")
+        ],
     output:
         ZERO_TABLES,
-    params:
-        out=f"{RESULTS}/tables",
     log:
         f"{RESULTS}/logs/zero_tables.log",
     conda:
         ENV
+    params:
+        out=lambda w, output: os.path.dirname(output[0]),
     shell:
         "python -m shardlab.zero_tables --experiment-configs {input.settings} --out-dir {params.out} > {log} 2>&1"
 
 
-REPORT_INPUTS.extend(ZERO_TABLES)
+if ZERO_EXPERIMENTS:
+    REPORT_INPUTS.extend(ZERO_TABLES)

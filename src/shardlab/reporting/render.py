@@ -15,17 +15,29 @@ import subprocess
 from pathlib import Path
 
 INCLUDE = re.compile(r"^\{\{<\s*include\s+(\S+)\s*>\}\}\s*$", re.MULTILINE)
+REQUIRES = re.compile(r"^<!--\s*requires:(.*?)-->", re.MULTILINE)
 FALLBACK = "fallback (jupytext + nbclient + nbconvert; quarto not on PATH)"
 
 
-def stage(qmd: Path, out_dir: Path) -> Path:
-    """Copy the report and its sections next to the outputs: the report runs in out_dir and reads ../tables."""
+def stage(qmd: Path, out_dir: Path, tables: set[str]) -> Path:
+    """Copy the report and its sections next to the outputs (the report runs in out_dir and reads
+    ../tables), leaving out each section whose `<!-- requires: ... -->` tables this study did not make."""
     out_dir.mkdir(parents=True, exist_ok=True)
     sections = qmd.parent / "sections"
     if sections.is_dir():
         shutil.copytree(sections, out_dir / "sections", dirs_exist_ok=True)
+
+    def keep_or_skip(match: re.Match) -> str:
+        section = (qmd.parent / match.group(1)).read_text()
+        required = REQUIRES.match(section)
+        missing = set(required.group(1).split()) - tables if required else set()
+        if missing:
+            print(f"section {match.group(1)} left out: this study has no {', '.join(sorted(missing))}")
+            return ""
+        return match.group(0)
+
     staged = out_dir / qmd.name
-    shutil.copy2(qmd, staged)
+    staged.write_text(INCLUDE.sub(keep_or_skip, qmd.read_text()))
     return staged
 
 
@@ -70,8 +82,8 @@ def render_fallback(qmd: Path, title: str) -> Path:
     return html
 
 
-def render(qmd: Path, out_dir: Path, title: str) -> tuple[Path, str]:
-    staged = stage(qmd, out_dir)
+def render(qmd: Path, out_dir: Path, title: str, tables: set[str]) -> tuple[Path, str]:
+    staged = stage(qmd, out_dir, tables)
     if shutil.which("quarto"):
         subprocess.run(["quarto", "render", staged.name, "--to", "html"], cwd=out_dir, check=True)
         renderer = "quarto"
@@ -88,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qmd", type=Path, default=Path("reports/report.qmd"))
     parser.add_argument("--out-dir", type=Path, default=Path("results/report"))
     parser.add_argument("--title", default="shardlab study report")
+    parser.add_argument("tables", type=Path, nargs="*", help="the tables this study made (default: all in ../tables)")
     args = parser.parse_args(argv)
-    html, renderer = render(args.qmd.resolve(), args.out_dir.resolve(), args.title)
+    tables = args.tables or list((args.out_dir / ".." / "tables").glob("*.csv"))
+    html, renderer = render(args.qmd.resolve(), args.out_dir.resolve(), args.title, {t.name for t in tables})
     print(f"report rendered with {renderer} -> {html}")
     return 0
 
