@@ -94,7 +94,7 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
         summary = dict(base, status="failed", reason=str(err), world_size=None)
     else:
         env = dict(os.environ, OMP_NUM_THREADS=str(exp["launch"]["threads_per_rank"]), PYTHONUNBUFFERED="1")
-        if exp["launch"]["device"] == "cpu" or (exp["launch"]["device"] == "auto" and not _has_cuda()):
+        if exp["launch"]["device"] == "cpu" or (exp["launch"]["device"] == "auto" and not _has_nvidia_driver()):
             env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed otherwise looks for a GPU
         cmd = torchrun_command(n_procs, ["--experiment-config", str(exp_config), "--strategy", strategy,
                                          "--model-dir", str(model_dir), "--tokens", str(tokens), "--out", str(attempt)])
@@ -120,13 +120,33 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
     return summary
 
 
-def _has_cuda() -> bool:
-    import torch
+def share_reference(source: Path, out: Path, experiment: str) -> dict:
+    """Record another experiment's single-device run as this experiment's reference.
 
-    return torch.cuda.is_available()
+    Experiments with identical model, data, training and launch settings would run the exact same
+    deterministic single-device job; the workflow runs it once and shares it (`reused_from` says so).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    summary = json.loads((source / "summary.json").read_text())
+    summary.update(reused_from=summary["experiment"], experiment=experiment)
+    write_json(out / "summary.json", summary)
+    for name in ("metrics.jsonl", "run.log"):
+        if (source / name).exists():
+            shutil.copy2(source / name, out / name)
+    return summary
+
+
+def _has_nvidia_driver() -> bool:
+    # Cheap check: importing torch here would add ~2 s to every run's launch.
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "share":  # share SOURCE_RUN_DIR OUT_RUN_DIR EXPERIMENT
+        share_reference(Path(argv[1]), Path(argv[2]), argv[3])
+        print(f"[launch] {argv[3]}/single: shares the identical reference run {argv[1]}")
+        return 0
     parser = argparse.ArgumentParser(prog="shardlab.launch", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True)
     parser.add_argument("--strategy", required=True)

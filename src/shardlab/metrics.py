@@ -8,12 +8,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import torch
-
 from shardlab.config import REPO_ROOT
 
 
 def environment(topo) -> dict:
+    import torch  # imported here: the launcher uses this module and must start fast, without torch
     import transformers
 
     if topo.device.type == "cuda":

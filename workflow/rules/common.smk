@@ -52,6 +52,29 @@ CORPORA = {exp["data"]["corpus"]: exp["data"] for exp in EXPERIMENTS.values()}
 _unique_by_name("data")
 
 
+def _reference_settings(exp):
+    e = EXPERIMENTS[exp]
+    settings = {k: e[k] for k in ("model", "data", "training", "launch")}
+    settings["options"] = e.get("strategy_options", {}).get("single")
+    return json.dumps(settings, sort_keys=True)
+
+
+def _shared_references():
+    """Experiments whose single-device run is identical to an earlier experiment's: run it once."""
+    first, shared = {}, {}
+    for exp, e in EXPERIMENTS.items():
+        if "single" in e["strategies"]:
+            key = _reference_settings(exp)
+            if key in first:
+                shared[exp] = first[key]
+            else:
+                first[key] = exp
+    return shared
+
+
+SHARED_REFERENCE = _shared_references()
+
+
 def model_dir(model):
     return f"{RESOURCES}/models/{model}"
 

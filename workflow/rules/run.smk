@@ -37,3 +37,27 @@ rule run_strategy:
     shell:
         "python -m shardlab.launch --experiment-config {input.settings} --strategy {wildcards.strategy}"
         " --model-dir {params.model_dir} --tokens {input.tokens} --out {params.out} 2>&1 | tee {log}"
+
+
+# The same deterministic single-device run is not repeated for experiments with identical settings.
+ruleorder: share_reference > run_strategy
+
+
+rule share_reference:
+    input:
+        summary=lambda w: f"{run_dir(SHARED_REFERENCE[w.exp], 'single')}/summary.json",
+        metrics=lambda w: f"{run_dir(SHARED_REFERENCE[w.exp], 'single')}/metrics.jsonl",
+    output:
+        summary=f"{RESULTS}/{{exp}}/runs/single/summary.json",
+        metrics=f"{RESULTS}/{{exp}}/runs/single/metrics.jsonl",
+    log:
+        f"{RESULTS}/{{exp}}/logs/single.log",
+    wildcard_constraints:
+        exp="|".join(SHARED_REFERENCE) or "(?!)",
+    conda:
+        ENV
+    params:
+        source=lambda w, input: os.path.dirname(input.summary),
+        out=lambda w, output: os.path.dirname(output.summary),
+    shell:
+        "python -m shardlab.launch share {params.source} {params.out} {wildcards.exp} > {log} 2>&1"
