@@ -39,6 +39,8 @@ rule science_evaluate:
         f"{RESULTS}/{{exp}}/science_metrics.csv",
     log:
         f"{RESULTS}/{{exp}}/logs/science_evaluate.log",
+    wildcard_constraints:
+        exp="|".join(SCIENCE_EXPERIMENTS) or "(?!)",
     conda:
         ENV
     threads: 1  # the evaluator pins torch to one thread (tiny forwards)

@@ -42,5 +42,5 @@ def save_chart(chart: alt.TopLevelMixin, name: str) -> alt.TopLevelMixin:
     """Write figures/<name>.png and .svg (vl-convert, offline) and return the chart for display."""
     FIGURES.mkdir(exist_ok=True)
     chart.save(str(FIGURES / f"{name}.svg"))
-    chart.save(str(FIGURES / f"{name}.png"), scale_factor=2)
+    chart.save(str(FIGURES / f"{name}.png"))  # scale 2 costs ~0.8 s per chart, scale 1 ~0.1 s
     return chart
