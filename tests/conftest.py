@@ -42,37 +42,34 @@ def tiny_assets(tmp_path_factory):
     return model_dir, root / "data" / "tokens.npy"
 
 
-@pytest.fixture
-def run_strategy(tiny_assets, tmp_path):
-    """run_strategy(name, **overrides) -> (summary, per-step records): one real torchrun launch."""
+def launch_test_run(assets, root: Path, strategy: str, overrides: dict | None = None):
+    """One real torchrun launch (through shardlab.launch) of TEST_EXPERIMENT + overrides under `root`.
+    Returns (summary, per-step records)."""
     from shardlab.launch import launch
 
-    model_dir, tokens = tiny_assets
+    model_dir, tokens = assets
+    exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), overrides or {})
+    root.mkdir(parents=True, exist_ok=True)
+    exp_path = root / f"{strategy}-{len(list(root.iterdir()))}.json"
+    exp_path.write_text(json.dumps(exp))
+    out = root / "runs" / strategy
+    summary = launch(exp, exp_path, strategy, model_dir, tokens, out)
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+    return summary, steps
 
-    def _run(strategy: str, overrides: dict | None = None):
-        exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), overrides or {})
-        exp_path = tmp_path / f"{strategy}-{len(list(tmp_path.iterdir()))}.json"
-        exp_path.write_text(json.dumps(exp))
-        out = tmp_path / "runs" / strategy
-        summary = launch(exp, exp_path, strategy, model_dir, tokens, out)
-        steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
-        return summary, steps
 
-    return _run
+@pytest.fixture
+def run_strategy(tiny_assets, tmp_path):
+    """run_strategy(name, overrides) -> (summary, per-step records): one real torchrun launch."""
+    return lambda strategy, overrides=None: launch_test_run(tiny_assets, tmp_path, strategy, overrides)
 
 
 @pytest.fixture(scope="session")
 def reference_losses(tiny_assets, tmp_path_factory):
     """Per-step losses of the single-device reference on TEST_EXPERIMENT (one launch per session)."""
-    from shardlab.launch import launch
-
-    model_dir, tokens = tiny_assets
-    tmp = tmp_path_factory.mktemp("reference")
-    exp_path = tmp / "exp.json"
-    exp_path.write_text(json.dumps(TEST_EXPERIMENT))
-    summary = launch(TEST_EXPERIMENT, exp_path, "single", model_dir, tokens, tmp / "runs" / "single")
+    summary, steps = launch_test_run(tiny_assets, tmp_path_factory.mktemp("reference"), "single")
     assert summary["status"] == "ok", summary["reason"]
-    return [json.loads(line)["loss"] for line in (tmp / "runs" / "single" / "metrics.jsonl").read_text().splitlines()]
+    return [s["loss"] for s in steps]
 
 
 def assert_losses_match(losses, reference, tol=1e-5):

@@ -74,3 +74,17 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
     assert proc.returncode != 0
     assert "experiments.data_parallel.training.global_batch_size" in proc.stdout + proc.stderr
     assert "rule run_strategy" not in proc.stdout  # nothing was scheduled
+
+
+def test_identical_single_device_references_are_shared_and_different_ones_are_not():
+    from shardlab.config import resolve_experiment, shared_references
+
+    cfg = copy.deepcopy(BASE)
+    cfg["experiments"] = {
+        "a": {"strategies": ["single", "ddp"]},
+        "b": {"strategies": ["single", "dp_naive"]},  # same settings as a: shares a's reference
+        "c": {"strategies": ["single"], "training": {"steps": 5}},  # different steps: its own run
+    }
+    cfg = validate_config(cfg, base_dir=REPO)
+    experiments = {name: resolve_experiment(cfg, name) for name in cfg["experiments"]}
+    assert shared_references(experiments) == {"b": "a"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_EXPERIMENT, assert_losses_match
+from conftest import TEST_EXPERIMENT, assert_losses_match, launch_test_run
 
 from shardlab.activation_model import (COMPONENTS, component_of, comparison_rows, korthikanti_per_layer,
                                        korthikanti_total)
@@ -27,17 +27,10 @@ WORKER = Path(__file__).with_name("tp_parity_worker.py")
 @pytest.fixture(scope="module")
 def tp_runs(tiny_assets, tmp_path_factory):
     """One real 2-rank launch per strategy (plus the single-device reference), shared by the tests."""
-    from shardlab.launch import launch
-
-    model_dir, tokens = tiny_assets
     tmp = tmp_path_factory.mktemp("tp_runs")
-    exp_path = tmp / "exp.json"
-    exp_path.write_text(json.dumps(TEST_EXPERIMENT))
     runs = {}
     for strategy in ["single", *TP_STRATEGIES]:
-        summary = launch(TEST_EXPERIMENT, exp_path, strategy, model_dir, tokens, tmp / "runs" / strategy)
-        steps = [json.loads(line) for line in (tmp / "runs" / strategy / "metrics.jsonl").read_text().splitlines()]
-        runs[strategy] = (summary, steps)
+        runs[strategy] = launch_test_run(tiny_assets, tmp, strategy)
     return runs
 
 

@@ -63,10 +63,16 @@ def aggregate(summary_paths: list[Path], out_dir: Path) -> dict[str, pd.DataFram
         "ranks": pd.DataFrame(ranks, columns=None if ranks else [*RUN_KEYS, "rank"]),
         "activations": pd.DataFrame(activations, columns=[*RUN_KEYS, "rank", "module", "bytes"]),
     }
+    write_tables(tables, out_dir)
+    return tables
+
+
+def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> None:
+    """Write each table as out_dir/<name>.csv (shared by every topic's table builder)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         frame.to_csv(out_dir / f"{name}.csv", index=False)
-    return tables
+        print(f"{name}.csv: {len(frame)} rows")
 
 
 def main(argv: list[str] | None = None) -> int:

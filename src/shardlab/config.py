@@ -172,6 +172,27 @@ def load_config(path: Path | str, base_dir: Path | str = ".") -> dict:
     return validate_config(yaml.safe_load(Path(path).read_text()), base_dir)
 
 
+def shared_references(experiments: dict[str, dict]) -> dict[str, str]:
+    """{experiment: earlier experiment} for each `single` run identical to an earlier one's.
+
+    Same model, data, training and launch settings give the same deterministic single-device run,
+    so the workflow runs it once and shares it.
+    """
+    first: dict[str, str] = {}
+    shared: dict[str, str] = {}
+    for name, exp in experiments.items():
+        if "single" not in exp.get("strategies", []):
+            continue
+        settings = {k: exp[k] for k in ("model", "data", "training", "launch")}
+        settings["options"] = exp.get("strategy_options", {}).get("single")
+        key = json.dumps(settings, sort_keys=True)
+        if key in first:
+            shared[name] = first[key]
+        else:
+            first[key] = name
+    return shared
+
+
 def config_hash(exp: dict) -> str:
     return hashlib.sha256(json.dumps(exp, sort_keys=True).encode()).hexdigest()[:12]
 

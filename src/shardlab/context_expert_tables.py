@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from shardlab.aggregate import write_tables
+
 CP_COLUMNS = ["experiment", "strategy", "status", "seq_len", "global_batch_size", "cp_size", "rank",
               "activation_bytes", "param_bytes", "tokens_per_s", "step_time_median_s", "final_loss"]
 LOAD_COLUMNS = ["experiment", "strategy", "layer", "expert", "routed", "kept", "dropped", "routed_share"]
@@ -71,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("summaries", type=Path, nargs="*")
     args = parser.parse_args(argv)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for name, frame in build_tables(args.summaries).items():
-        frame.to_csv(args.out_dir / f"{name}.csv", index=False)
-        print(f"{name}.csv: {len(frame)} rows")
+    write_tables(build_tables(args.summaries), args.out_dir)
     return 0
 
 

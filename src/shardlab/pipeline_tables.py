@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from shardlab.aggregate import write_tables
+
 PIPELINE_STRATEGIES = ("pp_gpipe", "pp_1f1b", "pp_interleaved", "hybrid_dp_pp")
 COLUMNS = ["experiment", "strategy", "status", "reason", "schedule", "world_size", "pp_size", "virtual_stages",
            "n_microbatches", "rank", "dp_rank", "stage_ids", "stage_units", "busy_s", "span_s", "idle_fraction",
@@ -93,10 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("summaries", nargs="*", type=Path)
     args = parser.parse_args(argv)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for name, table in build_tables(args.summaries).items():
-        table.to_csv(args.out_dir / f"{name}.csv", index=False)
-        print(f"{name}.csv: {len(table)} rows")
+    write_tables(build_tables(args.summaries), args.out_dir)
     return 0
 
 

@@ -6,7 +6,7 @@ import os
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from shardlab.config import ConfigError, check_experiment, resolve_experiment
+from shardlab.config import ConfigError, check_experiment, resolve_experiment, shared_references
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -52,27 +52,7 @@ CORPORA = {exp["data"]["corpus"]: exp["data"] for exp in EXPERIMENTS.values()}
 _unique_by_name("data")
 
 
-def _reference_settings(exp):
-    e = EXPERIMENTS[exp]
-    settings = {k: e[k] for k in ("model", "data", "training", "launch")}
-    settings["options"] = e.get("strategy_options", {}).get("single")
-    return json.dumps(settings, sort_keys=True)
-
-
-def _shared_references():
-    """Experiments whose single-device run is identical to an earlier experiment's: run it once."""
-    first, shared = {}, {}
-    for exp, e in EXPERIMENTS.items():
-        if "single" in e["strategies"]:
-            key = _reference_settings(exp)
-            if key in first:
-                shared[exp] = first[key]
-            else:
-                first[key] = exp
-    return shared
-
-
-SHARED_REFERENCE = _shared_references()
+SHARED_REFERENCE = shared_references(EXPERIMENTS)
 
 
 def model_dir(model):
