@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TEST_EXPERIMENT, assert_losses_match
+from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within
 from shardlab.config import ConfigError, deep_merge
+from shardlab.parity import tolerance
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.options import check_cp_options
 from shardlab.strategies.context_parallel.ring_attention import _visible_pairs
@@ -35,6 +36,7 @@ def test_zigzag_balances_causal_work(cp_size):
     assert work == [2 * cp_size + 1] * cp_size
 
 
+@pytest.mark.parity
 @pytest.mark.torchrun
 def test_ring_attention_matches_full_attention(tmp_path):
     """Outputs and dq/dk/dv shards vs plain softmax attention, causal and not, chunk sizes 1, 3, 5."""
@@ -44,8 +46,9 @@ def test_ring_attention_matches_full_attention(tmp_path):
     results = json.loads(out.read_text())
     assert results["cp_size"] == 2
     assert {(c["seq_len"], c["causal"]) for c in results["cases"]} == {(n, m) for n in (4, 12, 20) for m in (True, False)}
-    for case in results["cases"]:
-        assert case["max_abs_error"] <= 1e-5, case  # fp32, values O(1)
+    for case in results["cases"]:  # one forward and backward; the longest sums run over the sequence
+        assert_within(f"attention: s={case['seq_len']} causal={case['causal']}", case["max_abs_error"],
+                      tolerance(case["scale"], case["seq_len"]))
     assert [r["seq_len"] for r in results["rejected"]] == [5, 6]
     for rejected in results["rejected"]:
         assert rejected["error"] and "not divisible by 2 x context-parallel size = 4" in rejected["error"]
@@ -59,6 +62,7 @@ def test_config_check_rejects_unshardable_sequence_length():
         check_cp_options(exp, "experiments.t.strategy_options.cp_ring")
 
 
+@pytest.mark.parity
 @pytest.mark.torchrun
 def test_cp_ring_matches_single_device_and_halves_activations(run_strategy):
     reference, ref_steps = run_strategy("single")
@@ -66,9 +70,10 @@ def test_cp_ring_matches_single_device_and_halves_activations(run_strategy):
     assert reference["status"] == "ok", reference["reason"]
     assert summary["status"] == "ok", summary["reason"]
     assert summary["world_size"] == 2
-    assert_losses_match([s["loss"] for s in steps], [s["loss"] for s in ref_steps], tol=1e-5)
+    assert_losses_match([s["loss"] for s in steps], [s["loss"] for s in ref_steps])
     # Validation runs through the ring too.
-    assert abs(summary["final_val_loss"] - reference["final_val_loss"]) <= 1e-5
+    assert_within("validation loss", abs(summary["final_val_loss"] - reference["final_val_loss"]),
+                  tolerance(reference["final_val_loss"], TEST_TOKENS_PER_STEP, steps=len(ref_steps)))
 
     single_act = reference["ranks"][0]["activation_bytes"]
     for rank in summary["ranks"]:

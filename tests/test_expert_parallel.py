@@ -82,6 +82,7 @@ def test_config_checks_reject_bad_moe_settings():
         check_moe_options(_exp(ep_moe={"capacity_factor": 2.0}), "experiments.t.strategy_options.ep_moe")
 
 
+@pytest.mark.parity
 @pytest.mark.torchrun
 def test_ep_moe_matches_unsharded_moe(run_strategy):
     """Same MoE model, same seed, same global batch: 1 process vs experts split over 2 ranks.
@@ -94,8 +95,8 @@ def test_ep_moe_matches_unsharded_moe(run_strategy):
     assert reference["status"] == "ok", reference["reason"]
     assert sharded["status"] == "ok", sharded["reason"]
     assert sharded["world_size"] == 2
-    # fp32, SGD: sums over tokens in a different order only; 1e-5 on losses near 5.
-    assert_losses_match([s["loss"] for s in steps], [s["loss"] for s in ref_steps], tol=1e-5)
+    # fp32, SGD: sums over tokens in a different order only.
+    assert_losses_match([s["loss"] for s in steps], [s["loss"] for s in ref_steps])
 
     ref_rank, ranks = reference["ranks"][0], sharded["ranks"]
     assert ref_rank["dropped_assignments"] > 0

@@ -94,6 +94,7 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
         summary = dict(base, status="failed", reason=str(err), world_size=None)
     else:
         env = dict(os.environ, OMP_NUM_THREADS=str(exp["launch"]["threads_per_rank"]), PYTHONUNBUFFERED="1")
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' deterministic mode (training.deterministic)
         if exp["launch"]["device"] == "cpu" or (exp["launch"]["device"] == "auto" and not _has_nvidia_driver()):
             env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed otherwise looks for a GPU
         cmd = torchrun_command(n_procs, ["--experiment-config", str(exp_config), "--strategy", strategy,

@@ -29,10 +29,15 @@ from shardlab.topology import init_topology, shutdown
 from shardlab.train import train
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+def make_reproducible(training: dict) -> None:
+    """Same seed, and torch's deterministic kernels where it has them, so that a run (above all the
+    single-device reference) gives the same bits every time on one machine; the thread count, which
+    also changes reduction order on CPU, is pinned by init_topology (launch.threads_per_rank)."""
+    random.seed(training["seed"])
+    np.random.seed(training["seed"])
+    torch.manual_seed(training["seed"])
+    if training.get("deterministic", True):
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -84,7 +89,7 @@ def run(args: argparse.Namespace) -> None:
     topo = init_topology(exp["launch"])
     out = args.out
     try:
-        seed_everything(training["seed"])
+        make_reproducible(training)
         model = load_model(args.model_dir)
         n_params = count_parameters(model)
         options = exp.get("strategy_options", {}).get(args.strategy, {})
