@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every parity test (pytest -m parity) under each of torch's CPU kernel paths and report, per
-# path, the largest deviation from the reference next to its tolerance (shardlab.parity). This is
+# path, the largest deviation from the reference next to its tolerance (shardlab.tables.parity). This is
 # how to see another CPU's rounding without owning one. Usage:
 #   bash scripts/parity-across-cpus.sh [CAPABILITY ...]     (default: "default" and this CPU's own)
 set -euo pipefail

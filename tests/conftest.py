@@ -1,5 +1,5 @@
 """Shared fixtures: a tiny model and token file built once per session, and a helper that runs
-strategies under real `torchrun` (through `shardlab.launch`, exactly as the workflow does)."""
+strategies under real `torchrun` (through `shardlab.runner.launch`, exactly as the workflow does)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shardlab.config import deep_merge
-from shardlab.parity import loss_tolerance, max_deviation
+from shardlab.tables.parity import loss_tolerance, max_deviation
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,8 +34,8 @@ TEST_EXPERIMENT = {
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
     """(model_dir, tokens_path) for TEST_EXPERIMENT, built once."""
-    from shardlab.data import prepare_corpus
-    from shardlab.model import prepare_model
+    from shardlab.core.data import prepare_corpus
+    from shardlab.core.model import prepare_model
 
     root = tmp_path_factory.mktemp("assets")
     exp = TEST_EXPERIMENT
@@ -45,9 +45,9 @@ def tiny_assets(tmp_path_factory):
 
 
 def launch_test_run(assets, root: Path, strategy: str, overrides: dict | None = None):
-    """One real torchrun launch (through shardlab.launch) of TEST_EXPERIMENT + overrides under `root`.
+    """One real torchrun launch (through shardlab.runner.launch) of TEST_EXPERIMENT + overrides under `root`.
     Returns (summary, per-step records)."""
-    from shardlab.launch import launch
+    from shardlab.runner.launch import launch
 
     model_dir, tokens = assets
     exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), overrides or {})
@@ -84,9 +84,9 @@ def assert_within(name: str, deviation: float, tol: float) -> None:
         with open(PARITY_LOG, "a") as log:
             log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "check": name,
                                   "deviation": deviation, "tolerance": tol}) + "\n")
-    assert deviation <= tol, f"max |{name} - reference| = {deviation:.3g} > {tol:.3g} (shardlab.parity)"
+    assert deviation <= tol, f"max |{name} - reference| = {deviation:.3g} > {tol:.3g} (shardlab.tables.parity)"
 
 
 def assert_losses_match(losses, reference, tokens_per_step=TEST_TOKENS_PER_STEP, dtype="fp32"):
-    """Per-step losses vs the reference within the float32 rounding rule of shardlab.parity."""
+    """Per-step losses vs the reference within the float32 rounding rule of shardlab.tables.parity."""
     assert_within("loss", max_deviation(losses, reference), loss_tolerance(reference, tokens_per_step, dtype))

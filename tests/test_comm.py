@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from conftest import TEST_EXPERIMENT
-from shardlab.comm.alpha_beta import AlphaBeta, fit_alpha_beta, fit_table, models_from_table
-from shardlab.comm.collectives import COLLECTIVES, bus_factor, busbw
-from shardlab.comm.volume import ModelShape, StepShape, bytes_per_rank, comm_plan
-from shardlab.comm.whatif import LINKS, MEASURED_LINK, projection_table, share_table, whatif_table
+from shardlab.costs.alpha_beta import AlphaBeta, fit_alpha_beta, fit_table, models_from_table
+from shardlab.costs.collectives import COLLECTIVES, bus_factor, busbw
+from shardlab.costs.comm_volume import ModelShape, StepShape, bytes_per_rank, comm_plan
+from shardlab.tables.communication import LINKS, MEASURED_LINK, projection_table, share_table, whatif_table
 from shardlab.config import ConfigError
 
 # --- bus bandwidth (nccl-tests PERFORMANCE.md) --------------------------------------------------
@@ -83,7 +83,7 @@ PARAMS = 256 * 64 + 2 * LAYER + 2 * 64 + 64 * 256  # embedding, layers, final La
 def test_parameter_count_matches_hand_count_and_the_real_model():
     from transformers import GPTNeoXForCausalLM
 
-    from shardlab.model import tiny_neox_config
+    from shardlab.core.model import tiny_neox_config
 
     assert LAYER == 49_984 and PARAMS == 132_864
     assert TINY.parameters() == PARAMS
@@ -217,7 +217,7 @@ def test_alpha_beta_predicts_nothing_on_one_rank():
 
 
 def test_settings_defaults_come_from_the_schema_and_errors_name_the_field():
-    from shardlab.comm.bench import message_sizes, resolve_settings
+    from shardlab.bench.comm import message_sizes, resolve_settings
 
     settings = resolve_settings({"max_bytes": 4096})
     assert settings["min_bytes"] == 1024 and settings["repeats"] >= 1 and set(settings["collectives"]) == set(COLLECTIVES)
@@ -230,7 +230,7 @@ def test_settings_defaults_come_from_the_schema_and_errors_name_the_field():
 
 @pytest.mark.torchrun
 def test_benchmark_runs_under_torchrun_and_produces_the_tables(tmp_path):
-    from shardlab.comm.bench import main
+    from shardlab.bench.comm import main
 
     bench_csv, fit_csv = tmp_path / "comm_bench.csv", tmp_path / "comm_fit.csv"
     settings = '{"max_bytes": 16384, "warmup": 1, "repeats": 3, "world_size": 2, "device": "cpu"}'
@@ -252,7 +252,7 @@ def test_a_failed_benchmark_is_recorded_not_raised(tmp_path, monkeypatch):
     """A crashed torchrun job leaves failure rows (with the reason) and failed fits; main still returns 0."""
     import subprocess
 
-    from shardlab.comm import bench
+    from shardlab.bench import comm as bench
 
     def crashed(cmd, **kwargs):
         assert "torch.distributed.run" in cmd and "--nproc-per-node=2" in cmd

@@ -11,7 +11,7 @@ import torch
 
 from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within
 from shardlab.config import ConfigError, deep_merge
-from shardlab.parity import tolerance
+from shardlab.tables.parity import tolerance
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.options import check_cp_options
 from shardlab.strategies.context_parallel.ring_attention import _visible_pairs

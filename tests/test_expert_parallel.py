@@ -13,7 +13,7 @@ from shardlab.strategies.expert_parallel.options import MOE_DEFAULTS, check_moe_
 
 
 def _model_config():
-    from shardlab.model import tiny_neox_config
+    from shardlab.core.model import tiny_neox_config
 
     return tiny_neox_config(TEST_EXPERIMENT["model"])
 
@@ -115,7 +115,7 @@ def test_context_expert_tables_from_summaries(tmp_path):
     """The report's tables: per-rank CP memory with the experiment's sequence length, per-expert load."""
     import json
 
-    from shardlab.context_expert_tables import build_tables
+    from shardlab.tables.context_expert import build_tables
 
     def write(exp, strategy, summary, settings):
         run = tmp_path / exp / "runs" / strategy

@@ -1,4 +1,4 @@
-"""The parity tolerance (shardlab.parity) and what it must cover: the reference is reproducible on one
+"""The parity tolerance (shardlab.tables.parity) and what it must cover: the reference is reproducible on one
 machine, and another CPU's kernels or another thread count stay inside the tolerance, while the
 can-fail tests (no gradient averaging) stay far outside it."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from conftest import TEST_TOKENS_PER_STEP, assert_losses_match, launch_test_run
-from shardlab.parity import UNIT_ROUNDOFF, loss_tolerance, max_deviation, tolerance
+from shardlab.tables.parity import UNIT_ROUNDOFF, loss_tolerance, max_deviation, tolerance
 
 
 def test_tolerance_grows_with_magnitude_steps_and_reduction_length():

@@ -1,7 +1,7 @@
 """Pipeline parallelism (GPipe, 1F1B, interleaved 1F1B) and the dp x pp hybrid.
 
 Correctness: under real torchrun (gloo) every schedule reproduces the single-device losses within
-the fp32 rounding tolerance of shardlab.parity (the model is cut by hand, micro-batch losses are means and the schedule
+the fp32 rounding tolerance of shardlab.tables.parity (the model is cut by hand, micro-batch losses are means and the schedule
 divides gradients by m, so the gradients are the whole-batch mean). Measurement: per-stage live
 activations follow the schedule (GPipe holds all m micro-batches, 1F1B at most p on stage 0) and
 the bubble measured from op timestamps is near the theory (p-1)/(m+p-1) of the step's span.
@@ -23,7 +23,7 @@ from shardlab.strategies.pipeline_parallel.stages import NeoXStage, split_units
 def _tiny_model():
     from transformers import GPTNeoXForCausalLM
 
-    from shardlab.model import tiny_neox_config
+    from shardlab.core.model import tiny_neox_config
 
     torch.manual_seed(0)
     return GPTNeoXForCausalLM(tiny_neox_config(TEST_EXPERIMENT["model"]))
@@ -85,7 +85,7 @@ def test_bad_pipeline_options_are_rejected(strategy, options, problem):
 
 
 def test_pipeline_tables_add_theory_and_flag_the_bottleneck(tmp_path):
-    from shardlab.pipeline_tables import build_tables, theory_idle_fraction
+    from shardlab.tables.pipeline import build_tables, theory_idle_fraction
 
     assert theory_idle_fraction(2, 4) == pytest.approx(1 / 5)
     assert theory_idle_fraction(2, 4, v=2) == pytest.approx(1 / 9)

@@ -12,12 +12,12 @@ import pytest
 
 from conftest import TEST_TOKENS_PER_STEP, assert_within
 from shardlab.config import load_config
-from shardlab.parity import tolerance
-from shardlab.data import TEXT_FORMATS, read_documents
+from shardlab.tables.parity import tolerance
+from shardlab.core.data import TEXT_FORMATS, read_documents
 from shardlab.science import evaluate as ev
 from shardlab.science.formats import BIOLOGY, CHEMISTRY, FORMATS, MATERIALS, parse_conditional
 from shardlab.science.splits import PARTS, part_of, rows_of_part, write_splits
-from shardlab.science.tables import run_rows, time_to_target
+from shardlab.tables.science import run_rows, time_to_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,8 +180,8 @@ def test_unigram_baselines():
 @pytest.fixture(scope="module")
 def tiny_biology_lm(tmp_path_factory):
     """A random tiny model with a tokenizer fitted to SCOP text, and the saved SCOP splits."""
-    from shardlab.data import fit_tokenizer
-    from shardlab.model import build_local_model
+    from shardlab.core.data import fit_tokenizer
+    from shardlab.core.model import build_local_model
 
     root = tmp_path_factory.mktemp("bio")
     split = {"seed": 0, "validation_fraction": 0.1, "test_path": "data/biology/scop.test.csv"}

@@ -1,6 +1,6 @@
 """Tensor and sequence parallelism (hand-written and DTensor) reproduce the single-device model.
 
-Tolerance: shardlab.parity's float32 rounding rule, for losses and for every reassembled gradient
+Tolerance: shardlab.tables.parity's float32 rounding rule, for losses and for every reassembled gradient
 (scaled by the largest reference gradient, one backward over the batch's tokens).
 """
 
@@ -14,10 +14,10 @@ import pytest
 
 from conftest import TEST_EXPERIMENT, assert_losses_match, assert_within, launch_test_run
 
-from shardlab.activation_model import (COMPONENTS, component_of, comparison_rows, korthikanti_per_layer,
+from shardlab.costs.activations import (COMPONENTS, component_of, comparison_rows, korthikanti_per_layer,
                                        korthikanti_total)
 from shardlab.config import ConfigError, deep_merge
-from shardlab.parity import tolerance
+from shardlab.tables.parity import tolerance
 
 TP_STRATEGIES = ["tp", "tp_sp", "tp_dtensor", "tp_sp_dtensor"]
 WORKER = Path(__file__).with_name("tp_parity_worker.py")
@@ -76,7 +76,7 @@ def test_tp_losses_match_single_device(strategy, tp_runs):
 @pytest.mark.torchrun
 @pytest.mark.parametrize("strategy", TP_STRATEGIES)
 def test_tp_parameter_bytes_are_one_over_t_of_sharded_layers(strategy, tp_runs, tiny_assets):
-    from shardlab.model import load_model
+    from shardlab.core.model import load_model
 
     summary, _ = tp_runs[strategy]
     single = tp_runs["single"][0]["ranks"][0]
@@ -177,7 +177,7 @@ def test_tp_component_table_from_run_summaries(tp_runs, tiny_assets, tmp_path):
     """The workflow's table tool reads the runs' summaries and finds the same agreement."""
     import pandas as pd
 
-    from shardlab.tp_tables import main as tp_tables
+    from shardlab.tables.tensor_parallel import main as tp_tables
 
     summaries = []
     for strategy in ["single", "tp_sp"]:
@@ -202,7 +202,7 @@ def test_tp_inference_matches_single_device_with_half_the_cache(tiny_assets, tmp
     exp_path = tmp_path / "exp.json"
     exp_path.write_text(json.dumps(TEST_EXPERIMENT))
     out = tmp_path / "tp_inference.csv"
-    cmd = [sys.executable, "-m", "shardlab.inference", "--experiment-config", str(exp_path), "--model-dir",
+    cmd = [sys.executable, "-m", "shardlab.bench.inference", "--experiment-config", str(exp_path), "--model-dir",
            str(tiny_assets[0]), "--out", str(out), "--batch", "2", "--new-tokens", "8", "--repeats", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

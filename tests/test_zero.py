@@ -11,10 +11,10 @@ import pytest
 
 from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within
 from shardlab.config import ConfigError, deep_merge
-from shardlab.memory_model import predict
-from shardlab.parity import tolerance
+from shardlab.costs.memory import predict
+from shardlab.tables.parity import tolerance
 from shardlab.strategies import REGISTRY
-from shardlab.zero_planner import main as plan_zero_main, parse_bytes, plan
+from shardlab.costs.zero_tree import main as plan_zero_main, parse_bytes, plan
 
 ZERO_RUNGS = ["zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
 FSDP2 = ["fsdp2_full", "fsdp2_grad_op"]
@@ -25,7 +25,7 @@ MEMORY_TOL = 0.01  # target: model states within 1 % of the memory model
 def ladder_runs(tiny_assets, tmp_path_factory):
     """Every rung run once (2 ranks); the runs are shared by the tests below. save_model is on for the
     sharded rungs so their gathered weights can be compared."""
-    from shardlab.launch import launch
+    from shardlab.runner.launch import launch
 
     model_dir, tokens = tiny_assets
     tmp = tmp_path_factory.mktemp("zero")
@@ -213,7 +213,7 @@ def test_wellformed_settings_pass():
 
 # --- report tables: the tree-vs-runs check -------------------------------------------------------
 def test_tree_check_flags_disagreement(tmp_path):
-    from shardlab.zero_tables import main as tables_main
+    from shardlab.tables.zero import main as tables_main
 
     exp = {"name": "gpu", "strategies": ["zero0", "zero3", "zero2_offload"],
            "training": {"dtype": "bf16", "optimizer": "adamw"}}

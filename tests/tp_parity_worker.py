@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from shardlab.model import load_model
+from shardlab.core.model import load_model
 from shardlab.strategies import get_spec
 from shardlab.strategies.base import build_optimizer, causal_lm_loss
-from shardlab.topology import init_topology, shutdown
+from shardlab.core.topology import init_topology, shutdown
 
 STRATEGIES = ["tp", "tp_sp", "tp_dtensor", "tp_sp_dtensor"]
 TRAINING = {"optimizer": "sgd", "lr": 0.5, "weight_decay": 0.0, "dtype": "fp32", "micro_batch_size": None}

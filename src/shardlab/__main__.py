@@ -10,11 +10,11 @@ import sys
 
 COMMANDS = {
     "check-config": ("shardlab.config:check_main", "validate a config file without running anything"),
-    "prepare-model": ("shardlab.model:main", "build or download an experiment's model"),
-    "prepare-data": ("shardlab.data:main", "tokenize an experiment's corpus"),
-    "launch": ("shardlab.launch:main", "run one strategy under torchrun and record the outcome"),
-    "plan-zero": ("shardlab.zero_planner:main", "pick a ZeRO stage from model size, device memory and count"),
-    "zero-tables": ("shardlab.zero_tables:main", "ZeRO report tables: measured vs predicted memory, tree check"),
+    "prepare-model": ("shardlab.core.model:main", "build or download an experiment's model"),
+    "prepare-data": ("shardlab.core.data:main", "tokenize an experiment's corpus"),
+    "launch": ("shardlab.runner.launch:main", "run one strategy under torchrun and record the outcome"),
+    "plan-zero": ("shardlab.costs.zero_tree:main", "pick a ZeRO stage from model size, device memory and count"),
+    "zero-tables": ("shardlab.tables.zero:main", "ZeRO report tables: measured vs predicted memory, tree check"),
 }
 
 

@@ -101,7 +101,7 @@ def world_size_for(exp: dict, strategy: str) -> int | str:
 
 def check_experiment(exp: dict, base_dir: Path | str = ".") -> None:
     """Semantic checks a JSON schema cannot express; raises ConfigError naming the field."""
-    from shardlab.data import TEXT_FORMATS
+    from shardlab.core.data import TEXT_FORMATS
     from shardlab.strategies import REGISTRY
 
     where = f"experiments.{exp['name']}"

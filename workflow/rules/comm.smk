@@ -13,7 +13,7 @@ COMM_MODEL_TABLES = [
 rule comm_bench:
     input:
         code=[
-            f"src/shardlab/comm/{m}.py" for m in ("bench", "alpha_beta", "collectives")
+            f"src/shardlab/{m}.py" for m in ("bench/comm", "costs/alpha_beta", "costs/collectives")
         ],
     output:
         bench=COMM_BENCH_TABLES[0],
@@ -27,7 +27,7 @@ rule comm_bench:
     params:
         settings=json.dumps(config.get("comm_bench", {}), sort_keys=True),
     shell:
-        "python -m shardlab.comm.bench --settings {params.settings:q}"
+        "python -m shardlab.bench.comm --settings {params.settings:q}"
         " --bench-out {output.bench} --fit-out {output.fit} > {log} 2>&1"
 
 
@@ -36,7 +36,7 @@ rule comm_share:
         runs=f"{RESULTS}/tables/runs.csv",
         fit=COMM_BENCH_TABLES[1],
         experiments=[f"{RESULTS}/{exp}/experiment.json" for exp in EXPERIMENTS],
-        code=[f"src/shardlab/comm/{m}.py" for m in ("volume", "whatif", "alpha_beta")],
+        code=[f"src/shardlab/{m}.py" for m in ("costs/comm_volume", "tables/communication", "costs/alpha_beta")],
     output:
         COMM_MODEL_TABLES,
     log:
@@ -47,7 +47,7 @@ rule comm_share:
         out=lambda w, output: os.path.dirname(output[0]),
         resources=RESOURCES,
     shell:
-        "python -m shardlab.comm.whatif --runs {input.runs} --fit {input.fit} --experiments {input.experiments}"
+        "python -m shardlab.tables.communication --runs {input.runs} --fit {input.fit} --experiments {input.experiments}"
         " --resources {params.resources} --out-dir {params.out} > {log} 2>&1"
 
 

@@ -20,7 +20,7 @@ rule context_expert_tables:
         settings=[
             f"{RESULTS}/{exp}/experiment.json" for exp in CONTEXT_EXPERT_EXPERIMENTS
         ],
-        code="src/shardlab/context_expert_tables.py",
+        code="src/shardlab/tables/context_expert.py",
     output:
         CONTEXT_EXPERT_TABLES,
     log:
@@ -30,7 +30,7 @@ rule context_expert_tables:
     params:
         out=lambda w, output: os.path.dirname(output[0]),
     shell:
-        "python -m shardlab.context_expert_tables --out-dir {params.out} {input.summaries} > {log} 2>&1"
+        "python -m shardlab.tables.context_expert --out-dir {params.out} {input.summaries} > {log} 2>&1"
 
 
 if CONTEXT_EXPERT_EXPERIMENTS:

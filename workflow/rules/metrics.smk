@@ -18,7 +18,7 @@ rule aggregate_runs:
     params:
         out=lambda w, output: os.path.dirname(output[0]),
     shell:
-        "python -m shardlab.aggregate --out-dir {params.out} {input.summaries} > {log} 2>&1"
+        "python -m shardlab.tables.runs --out-dir {params.out} {input.summaries} > {log} 2>&1"
 
 
 REPORT_INPUTS.extend(TABLES)

@@ -15,7 +15,7 @@ rule pipeline_tables:
             for exp, s in RUNS
             if s in PIPELINE_STRATEGIES
         ],
-        code="src/shardlab/pipeline_tables.py",
+        code="src/shardlab/tables/pipeline.py",
     output:
         PIPELINE_TABLES,
     log:
@@ -25,7 +25,7 @@ rule pipeline_tables:
     params:
         out=lambda w, output: os.path.dirname(output[0]),
     shell:
-        "python -m shardlab.pipeline_tables --out-dir {params.out} {input.summaries} > {log} 2>&1"
+        "python -m shardlab.tables.pipeline --out-dir {params.out} {input.summaries} > {log} 2>&1"
 
 
 if PIPELINE_EXPERIMENTS:

@@ -35,7 +35,7 @@ rule run_strategy:
         model_dir=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
         out=lambda w: run_dir(w.exp, w.strategy),
     shell:
-        "python -m shardlab.launch --experiment-config {input.settings} --strategy {wildcards.strategy}"
+        "python -m shardlab.runner.launch --experiment-config {input.settings} --strategy {wildcards.strategy}"
         " --model-dir {params.model_dir} --tokens {input.tokens} --out {params.out} 2>&1 | tee {log}"
 
 
@@ -60,4 +60,4 @@ rule share_reference:
         source=lambda w, input: os.path.dirname(input.summary),
         out=lambda w, output: os.path.dirname(output.summary),
     shell:
-        "python -m shardlab.launch share {params.source} {params.out} {wildcards.exp} > {log} 2>&1"
+        "python -m shardlab.runner.launch share {params.source} {params.out} {wildcards.exp} > {log} 2>&1"

@@ -70,7 +70,7 @@ rule science_tables:
         # results/<exp>/experiment.json -> results
         results=lambda w, input: os.path.dirname(os.path.dirname(input.settings[0])),
     shell:
-        "python -m shardlab.science.tables --results {params.results} --out-dir {params.out}"
+        "python -m shardlab.tables.science --results {params.results} --out-dir {params.out}"
         " --experiments {input.settings} --metrics {input.metrics} > {log} 2>&1"
 
 

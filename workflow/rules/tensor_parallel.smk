@@ -22,7 +22,7 @@ rule tp_activation_components:
             f"{model_dir(EXPERIMENTS[exp]['model']['name'])}/shardlab_model.json"
             for exp in TP_EXPERIMENTS
         ],
-        code=["src/shardlab/tp_tables.py", "src/shardlab/activation_model.py"],
+        code=["src/shardlab/tables/tensor_parallel.py", "src/shardlab/costs/activations.py"],
     output:
         f"{RESULTS}/tables/tp_activation_components.csv",
     log:
@@ -33,7 +33,7 @@ rule tp_activation_components:
         # resources/models/<name>/shardlab_model.json -> resources/models
         models_dir=lambda w, input: os.path.dirname(os.path.dirname(input.models[0])),
     shell:
-        "python -m shardlab.tp_tables --models-dir {params.models_dir} --out {output} {input.summaries} > {log} 2>&1"
+        "python -m shardlab.tables.tensor_parallel --models-dir {params.models_dir} --out {output} {input.summaries} > {log} 2>&1"
 
 
 rule tp_inference:
@@ -44,7 +44,7 @@ rule tp_inference:
             for exp in TP_EXPERIMENTS[:1]
         ],
         code=[
-            "src/shardlab/inference.py",
+            "src/shardlab/bench/inference.py",
             "src/shardlab/strategies/tensor_parallel/tensor_parallel.py",
         ],
     output:
@@ -58,7 +58,7 @@ rule tp_inference:
     params:
         model_dir=lambda w, input: os.path.dirname(input.model[0]),
     shell:
-        "python -m shardlab.inference --experiment-config {input.settings[0]} --model-dir {params.model_dir}"
+        "python -m shardlab.bench.inference --experiment-config {input.settings[0]} --model-dir {params.model_dir}"
         " --out {output} > {log} 2>&1"
 
 

@@ -1,6 +1,6 @@
 # The ZeRO ladder (issue 3): measured vs predicted model-state memory, the decision tree's check
-# against the runs' outcomes, and the tree itself as a table. Logic: shardlab.zero_tables.
-from shardlab.memory_model import RUNGS as ZERO_RUNGS
+# against the runs' outcomes, and the tree itself as a table. Logic: shardlab.tables.zero.
+from shardlab.costs.memory import RUNGS as ZERO_RUNGS
 
 ZERO_EXPERIMENTS = [
     n for n, e in EXPERIMENTS.items() if set(e["strategies"]) & set(ZERO_RUNGS)
@@ -21,7 +21,7 @@ rule zero_tables:
         ],
         code=[
             f"src/shardlab/{m}.py"
-            for m in ("zero_tables", "zero_planner", "memory_model")
+            for m in ("tables/zero", "costs/zero_tree", "costs/memory")
         ],
     output:
         ZERO_TABLES,
@@ -32,7 +32,7 @@ rule zero_tables:
     params:
         out=lambda w, output: os.path.dirname(output[0]),
     shell:
-        "python -m shardlab.zero_tables --experiment-configs {input.settings} --out-dir {params.out} > {log} 2>&1"
+        "python -m shardlab.tables.zero --experiment-configs {input.settings} --out-dir {params.out} > {log} 2>&1"
 
 
 if ZERO_EXPERIMENTS:

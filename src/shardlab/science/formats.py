@@ -18,7 +18,7 @@ _CLASS = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 @dataclass(frozen=True)
 class ConditionalFormat:
-    name: str            # key in shardlab.data.TEXT_FORMATS
+    name: str            # key in shardlab.core.data.TEXT_FORMATS
     domain: str          # chemistry | biology | materials
     tag: str             # "logS", "class", "gap"
     body_column: str

@@ -2,7 +2,7 @@
 
 A row's part depends only on a seeded hash of its key (the row's first column: the SMILES,
 sequence or formula), never on file order or on which other rows exist. So training (which
-filters the raw file on the fly, see `shardlab.data.read_documents`) and evaluation (which reads
+filters the raw file on the fly, see `shardlab.core.data.read_documents`) and evaluation (which reads
 the saved split files) see exactly the same rows, and identical keys never straddle two parts.
 A data set that ships its own test file (SCOP) sets `test_path`: then the main file is split
 into train/validation only and the test part is that file.

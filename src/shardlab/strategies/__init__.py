@@ -44,7 +44,7 @@ def _one(world_size: int, options: dict) -> int:
 
 def _zero_checks(rung: str):
     def check(exp: dict, where: str) -> None:
-        from shardlab.strategies.zero_config import check_zero_options
+        from shardlab.strategies.zero.settings import check_zero_options
 
         check_zero_options(rung, exp, where)
 
@@ -52,7 +52,7 @@ def _zero_checks(rung: str):
 
 
 def _zero(name: str, cls: str, summary: str) -> StrategySpec:
-    return StrategySpec(name, f"shardlab.strategies.zero:{cls}", "zero", summary, check_options=_zero_checks(name))
+    return StrategySpec(name, f"shardlab.strategies.zero.deepspeed:{cls}", "zero", summary, check_options=_zero_checks(name))
 
 
 def _check_tensor_parallel(exp: dict, where: str) -> None:
@@ -89,11 +89,11 @@ _SPECS = [
     StrategySpec("single", "shardlab.strategies.single:SingleDevice", "baseline",
                  "One process, the reference every parallel run is checked against.",
                  single_process=True, data_parallel_size=_one),
-    StrategySpec("dp_naive", "shardlab.strategies.dp_naive:NaiveDataParallel", "data parallel",
+    StrategySpec("dp_naive", "shardlab.strategies.data_parallel.naive:NaiveDataParallel", "data parallel",
                  "Full backward, then one blocking all-reduce of all gradients (hand-written)."),
-    StrategySpec("dp_interleaved", "shardlab.strategies.dp_interleaved:InterleavedDataParallel", "data parallel",
+    StrategySpec("dp_interleaved", "shardlab.strategies.data_parallel.interleaved:InterleavedDataParallel", "data parallel",
                  "Per-layer async all-reduce launched from gradient hooks, overlapping backward (hand-written)."),
-    StrategySpec("ddp", "shardlab.strategies.ddp:TorchDDP", "data parallel",
+    StrategySpec("ddp", "shardlab.strategies.data_parallel.ddp:TorchDDP", "data parallel",
                  "torch DistributedDataParallel: bucketed all-reduce overlapped with backward."),
     StrategySpec("cp_ring", "shardlab.strategies.context_parallel.strategy:ContextParallelRing", "context parallel",
                  "Sequence sharded zig-zag over ranks; hand-written ring attention (K/V blocks rotate by send/recv).",
@@ -111,9 +111,9 @@ _SPECS = [
     _zero("zero3", "Zero3", "DeepSpeed ZeRO-3: optimizer state, gradients and parameters sharded."),
     _zero("zero2_offload", "Zero2Offload", "DeepSpeed ZeRO-2 with the optimizer state and step on the CPU."),
     _zero("zero3_offload", "Zero3Offload", "DeepSpeed ZeRO-3 with parameters and optimizer state on the CPU."),
-    StrategySpec("fsdp2_full", "shardlab.strategies.fsdp2:FSDP2Full", "zero",
+    StrategySpec("fsdp2_full", "shardlab.strategies.zero.fsdp2:FSDP2Full", "zero",
                  "torch FSDP2 fully_shard, reshard after forward (ZeRO-3's schedule)."),
-    StrategySpec("fsdp2_grad_op", "shardlab.strategies.fsdp2:FSDP2GradOp", "zero",
+    StrategySpec("fsdp2_grad_op", "shardlab.strategies.zero.fsdp2:FSDP2GradOp", "zero",
                  "torch FSDP2 fully_shard, weights kept gathered from forward to backward (ZeRO-2-like)."),
     StrategySpec("pp_gpipe", "shardlab.strategies.pipeline_parallel.pipeline:PipelineParallel", "pipeline parallel",
                  "Hand-cut stages, torch.distributed.pipelining GPipe: all forwards, then all backwards.",

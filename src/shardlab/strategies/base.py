@@ -1,6 +1,6 @@
 """The interface between a parallelism strategy and the one shared training loop.
 
-The loop (`shardlab.train`) calls, for every step:
+The loop (`shardlab.runner.loop`) calls, for every step:
 
     for each micro-batch:  with strategy.accumulating(last=...): strategy.forward_backward(x, y, scale)
     strategy.sync_gradients(); strategy.optimizer_step(); strategy.zero_grad()
@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from shardlab.topology import Topology
+from shardlab.core.topology import Topology
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

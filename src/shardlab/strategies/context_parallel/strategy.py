@@ -18,7 +18,7 @@ from shardlab.strategies.base import Strategy, causal_lm_loss
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.ring_attention import ring_attention
 from shardlab.strategies.context_parallel.ring_comms import Ring
-from shardlab.strategies.dp_comm import GradientBucket
+from shardlab.strategies.data_parallel.comms import GradientBucket
 
 ATTENTION_NAME = "shardlab_ring"
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from shardlab.strategies.base import Strategy, causal_lm_loss
-from shardlab.strategies.dp_comm import GradientBucket
+from shardlab.strategies.data_parallel.comms import GradientBucket
 from shardlab.strategies.expert_parallel.moe import MoEConfig, install_moe
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from shardlab.config import ConfigError, check_batch_split, config_hash, world_size_for
-from shardlab.metrics import now, write_json
+from shardlab.runner.metrics import now, write_json
 from shardlab.strategies import get_spec
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "run.log")
@@ -38,7 +38,7 @@ def resolve_world_size(exp: dict, strategy: str) -> int:
 
 def torchrun_command(n_procs: int, run_args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n_procs}",
-            "-m", "shardlab.run", *run_args]
+            "-m", "shardlab.runner.worker", *run_args]
 
 
 def run_logged(cmd: list[str], log_path: Path, env: dict, timeout_s: int) -> tuple[int | None, bool]:
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         share_reference(Path(argv[1]), Path(argv[2]), argv[3])
         print(f"[launch] {argv[3]}/single: shares the identical reference run {argv[1]}")
         return 0
-    parser = argparse.ArgumentParser(prog="shardlab.launch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="shardlab.runner.launch", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True)
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--model-dir", type=Path, required=True)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from shardlab.strategies.base import Strategy, causal_lm_loss, build_optimizer
-from shardlab.strategies.zero_config import deepspeed_config, rung_settings
+from shardlab.strategies.zero.settings import deepspeed_config, rung_settings
 
 
 def _storages(tensors):

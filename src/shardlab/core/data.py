@@ -147,10 +147,10 @@ class TokenBatches:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.data --data-json '{...}' --model-json '{...}' --model-dir DIR --out DIR`."""
+    """`python -m shardlab.core.data --data-json '{...}' --model-json '{...}' --model-dir DIR --out DIR`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="shardlab.data", description="Tokenize a corpus for a model.")
+    parser = argparse.ArgumentParser(prog="shardlab.core.data", description="Tokenize a corpus for a model.")
     parser.add_argument("--data-json", required=True, help="the experiment's `data` settings as JSON")
     parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
     parser.add_argument("--model-dir", type=Path, required=True)

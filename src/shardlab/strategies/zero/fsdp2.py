@@ -47,7 +47,7 @@ class FSDP2(Strategy):
         return super().accumulating(last)
 
     def state_bytes(self) -> dict:
-        from shardlab.strategies.zero import device_memory_bytes
+        from shardlab.strategies.zero.deepspeed import device_memory_bytes
 
         return dict(super().state_bytes(), device_memory_bytes=device_memory_bytes(self.topo.device))  # local shards
 

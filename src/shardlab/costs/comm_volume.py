@@ -90,7 +90,7 @@ class Call:
 
     @property
     def bus_bytes(self) -> float:
-        from shardlab.comm.collectives import bus_factor
+        from shardlab.costs.collectives import bus_factor
 
         return self.count * self.size_bytes * bus_factor(self.collective, self.group_size) if self.group_size > 1 else 0.0
 

@@ -1,7 +1,7 @@
-"""One run = one strategy, one process per rank: `torchrun ... -m shardlab.run --strategy S ...`.
+"""One run = one strategy, one process per rank: `torchrun ... -m shardlab.runner.worker --strategy S ...`.
 
 Rank 0 writes `metrics.jsonl` and `summary.json`. A rank that fails writes `error_rank<N>.json`
-and exits non-zero; `shardlab.launch` turns that into a recorded failure.
+and exits non-zero; `shardlab.runner.launch` turns that into a recorded failure.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 
 from shardlab.config import config_hash
-from shardlab.data import TokenBatches
-from shardlab.metrics import StepLog, environment, now, write_json
-from shardlab.model import count_parameters, load_model
+from shardlab.core.data import TokenBatches
+from shardlab.runner.metrics import StepLog, environment, now, write_json
+from shardlab.core.model import count_parameters, load_model
 from shardlab.strategies import get_spec
-from shardlab.topology import init_topology, shutdown
-from shardlab.train import train
+from shardlab.core.topology import init_topology, shutdown
+from shardlab.runner.loop import train
 
 
 def make_reproducible(training: dict) -> None:
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="shardlab.run", description=__doc__)
+    parser = argparse.ArgumentParser(prog="shardlab.runner.worker", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True, help="resolved experiment JSON")
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--model-dir", type=Path, required=True)

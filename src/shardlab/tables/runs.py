@@ -76,7 +76,7 @@ def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab.aggregate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="shardlab.tables.runs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("summaries", type=Path, nargs="+", help="results/<exp>/runs/<strategy>/summary.json")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardlab.comm.collectives import bus_factor
+from shardlab.costs.collectives import bus_factor
 
 FIT_COLUMNS = ["collective", "world_size", "backend", "device", "device_name", "bus_factor", "alpha_s", "beta_GBps", "r2",
                "rel_err_median", "rel_err_max", "n_points", "min_bytes", "max_bytes", "status"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardlab.aggregate import write_tables
+from shardlab.tables.runs import write_tables
 
 PIPELINE_STRATEGIES = ("pp_gpipe", "pp_1f1b", "pp_interleaved", "hybrid_dp_pp")
 COLUMNS = ["experiment", "strategy", "status", "reason", "schedule", "world_size", "pp_size", "virtual_stages",
@@ -91,7 +91,7 @@ def build_tables(summary_paths: list[Path]) -> dict[str, pd.DataFrame]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab.pipeline_tables", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="shardlab.tables.pipeline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("summaries", nargs="*", type=Path)
     args = parser.parse_args(argv)

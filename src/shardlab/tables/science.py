@@ -89,10 +89,10 @@ def build_tables(experiment_configs: list[Path], results_dir: Path, metric_files
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.science.tables --results DIR --out-dir DIR --experiments A.json ... --metrics A.csv ...`"""
+    """`python -m shardlab.tables.science --results DIR --out-dir DIR --experiments A.json ... --metrics A.csv ...`"""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="shardlab.science.tables")
+    parser = argparse.ArgumentParser(prog="shardlab.tables.science")
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--experiments", type=Path, nargs="+", required=True, help="resolved experiment JSONs")

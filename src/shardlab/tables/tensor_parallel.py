@@ -1,8 +1,8 @@
 """Tensor-parallel runs -> `tp_activation_components.csv`: activation bytes per transformer-layer
 component, measured on every rank, beside the Korthikanti et al. formula (fp32 values, 1-byte masks)
-and the formula adapted to what this model saves (`shardlab.activation_model`).
+and the formula adapted to what this model saves (`shardlab.costs.activations`).
 
-    python -m shardlab.tp_tables --models-dir resources/models --out results/tables/tp_activation_components.csv \
+    python -m shardlab.tables.tensor_parallel --models-dir resources/models --out results/tables/tp_activation_components.csv \
         results/E/runs/*/summary.json
 
 Everything comes from each run's experiment (`results/<exp>/experiment.json`): sequence length, the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardlab.activation_model import comparison_rows
+from shardlab.costs.activations import comparison_rows
 
 COLUMNS = ["experiment", "strategy", "rank", "mode", "tp", "component", "measured_bytes", "paper_formula_bytes",
            "model_formula_bytes", "paper_assumptions_hold", "s", "b", "h", "a", "n_layers"]
@@ -56,7 +56,7 @@ def rows_for(summary_path: Path, models_dir: Path | None) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="shardlab.tp_tables", description=__doc__)
+    parser = argparse.ArgumentParser(prog="shardlab.tables.tensor_parallel", description=__doc__)
     parser.add_argument("--models-dir", type=Path, help="folder of model folders (needed for hub models)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("summaries", type=Path, nargs="+")

@@ -1,6 +1,6 @@
 """The ZeRO decision tree: pick a rung from model size, device memory and device count.
 
-Derived from `shardlab.memory_model`: walk the ladder from the cheapest communication to the most
+Derived from `shardlab.costs.memory`: walk the ladder from the cheapest communication to the most
 (ZeRO-0/1/2 move 2Ψ per step like plain data parallelism, ZeRO-3 1.5x that, offload adds host
 transfers and a CPU optimizer step) and take the first rung whose model states at their peak fit in
 the device memory left after a margin for activations, communication buckets and allocator
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from shardlab.memory_model import LADDER, predict
+from shardlab.costs.memory import LADDER, predict
 
 DEFAULT_HEADROOM = 0.25
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

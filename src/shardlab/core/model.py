@@ -86,11 +86,11 @@ def count_parameters(model) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.model --model-json '{...}' --out DIR`: build or download a model."""
+    """`python -m shardlab.core.model --model-json '{...}' --out DIR`: build or download a model."""
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="shardlab.model")
+    parser = argparse.ArgumentParser(prog="shardlab.core.model")
     parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@
 - `zero_plan.csv`: the decision tree's choice over a grid of model sizes and device counts (80 GB
   devices, bf16 + AdamW), the study's decision-tree figure as data.
 
-    python -m shardlab.zero_tables --experiment-configs results/zero/experiment.json --out-dir results/tables
+    python -m shardlab.tables.zero --experiment-configs results/zero/experiment.json --out-dir results/tables
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import csv
 import json
 from pathlib import Path
 
-from shardlab.memory_model import RUNGS, predict
-from shardlab.zero_planner import DEFAULT_HEADROOM, choose, feasibility
+from shardlab.costs.memory import RUNGS, predict
+from shardlab.costs.zero_tree import DEFAULT_HEADROOM, choose, feasibility
 
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 PLAN_PARAMS = [1.25e8, 1e9, 2.8e9, 6.9e9, 1.2e10, 3e10, 7e10, 1.75e11]
@@ -105,7 +105,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shardlab.zero_planner import parse_bytes
+    from shardlab.costs.zero_tree import parse_bytes
 
     parser = argparse.ArgumentParser(prog="shardlab zero-tables", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

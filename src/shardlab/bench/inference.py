@@ -1,6 +1,6 @@
 """Tensor-parallel inference benchmark: greedy generation with a KV cache, single device vs `tp`.
 
-    python -m shardlab.inference --experiment-config results/E/experiment.json --model-dir M --out tp_inference.csv
+    python -m shardlab.bench.inference --experiment-config results/E/experiment.json --model-dir M --out tp_inference.csv
 
 runs the single-device benchmark in this process, then the same generation under `torchrun` with the
 hand-written TP model (this module with `--worker`), and writes one row per (mode, rank): tokens/s,
@@ -58,9 +58,9 @@ def worker(args) -> None:
     """One rank of the TP benchmark (under torchrun)."""
     import torch.distributed as dist
 
-    from shardlab.model import load_model
+    from shardlab.core.model import load_model
     from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
-    from shardlab.topology import init_topology, shutdown
+    from shardlab.core.topology import init_topology, shutdown
 
     exp = json.loads(args.experiment_config.read_text())
     topo = init_topology(exp["launch"])
@@ -92,7 +92,7 @@ def run_tp(args, tp: int) -> tuple[list | None, str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "tp.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
-               "-m", "shardlab.inference", "--worker", "--worker-out", str(out),
+               "-m", "shardlab.bench.inference", "--worker", "--worker-out", str(out),
                "--experiment-config", str(args.experiment_config), "--model-dir", str(args.model_dir),
                "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
                "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
@@ -105,7 +105,7 @@ def run_tp(args, tp: int) -> tuple[list | None, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="shardlab.inference", description=__doc__)
+    parser = argparse.ArgumentParser(prog="shardlab.bench.inference", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path)
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         return worker(args)
 
-    from shardlab.model import load_model
+    from shardlab.core.model import load_model
 
     exp = json.loads(args.experiment_config.read_text())
     tp = args.tp or int(exp["launch"]["world_size"])

@@ -1,8 +1,8 @@
 """Time each collective over a range of message sizes, nccl-tests style, under torchrun.
 
-    python -m shardlab.comm.bench --settings '{"max_bytes": 65536}' --bench-out comm_bench.csv --fit-out comm_fit.csv
+    python -m shardlab.bench.comm --settings '{"max_bytes": 65536}' --bench-out comm_bench.csv --fit-out comm_fit.csv
 
-launches `torchrun ... -m shardlab.comm.bench worker ...` (one process per rank), which writes one
+launches `torchrun ... -m shardlab.bench.comm worker ...` (one process per rank), which writes one
 row per (collective, size): the slowest rank's median time per call over `repeats` back-to-back calls
 after `warmup` untimed ones, and algbw/busbw. Each collective's result is checked once on known
 inputs first (a fast wrong collective is no benchmark). Then the alpha-beta fit is written. Like a
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from shardlab.comm.collectives import bus_factor
+from shardlab.costs.collectives import bus_factor
 from shardlab.config import load_schema, validate_against_schema
 
 BENCH_COLUMNS = ["collective", "size_bytes", "elements", "dtype", "world_size", "backend", "device", "device_name",
@@ -173,7 +173,7 @@ def benchmark(settings: dict, topo) -> list[dict]:
 def worker(settings: dict, out: Path) -> None:
     import pandas as pd
 
-    from shardlab.topology import init_topology, shutdown
+    from shardlab.core.topology import init_topology, shutdown
 
     topo = init_topology({"device": settings["device"], "backend": settings["backend"],
                           "threads_per_rank": settings["threads_per_rank"]})
@@ -207,7 +207,7 @@ def run_benchmark(settings: dict, bench_out: Path, log_tail_lines: int = 20) -> 
         bench_out.unlink()
     world = resolve_world_size(settings)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "shardlab.comm.bench", "worker", "--settings", json.dumps(settings), "--out", str(bench_out)]
+           "-m", "shardlab.bench.comm", "worker", "--settings", json.dumps(settings), "--out", str(bench_out)]
     env = dict(os.environ, OMP_NUM_THREADS=str(settings["threads_per_rank"]), PYTHONUNBUFFERED="1")
     print(f"[comm_bench] {world} processes: {' '.join(cmd[:6])} ...", flush=True)
     try:
@@ -230,19 +230,19 @@ def run_benchmark(settings: dict, bench_out: Path, log_tail_lines: int = 20) -> 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "worker":
-        parser = argparse.ArgumentParser(prog="shardlab.comm.bench worker")
+        parser = argparse.ArgumentParser(prog="shardlab.bench.comm worker")
         parser.add_argument("--settings", required=True, help="resolved comm_bench settings (JSON)")
         parser.add_argument("--out", type=Path, required=True)
         args = parser.parse_args(argv[1:])
         worker(json.loads(args.settings), args.out)
         return 0
-    parser = argparse.ArgumentParser(prog="shardlab.comm.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="shardlab.bench.comm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", default="{}", help="the config's comm_bench block (JSON); defaults from the schema")
     parser.add_argument("--bench-out", type=Path, required=True)
     parser.add_argument("--fit-out", type=Path, required=True)
     args = parser.parse_args(argv)
-    from shardlab.comm.alpha_beta import fit_table
+    from shardlab.costs.alpha_beta import fit_table
 
     settings = resolve_settings(json.loads(args.settings))
     bench = run_benchmark(settings, args.bench_out)

@@ -8,9 +8,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from shardlab.data import TokenBatches
-from shardlab.memory import ActivationProbe, peak_memory, reset_peak
-from shardlab.metrics import StepLog
+from shardlab.core.data import TokenBatches
+from shardlab.runner.memory import ActivationProbe, peak_memory, reset_peak
+from shardlab.runner.metrics import StepLog
 from shardlab.strategies.base import Strategy
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardlab.comm.alpha_beta import AlphaBeta, models_from_table
-from shardlab.comm.volume import Call, ModelShape, StepShape, bytes_per_rank, comm_plan, experiment_plan
+from shardlab.costs.alpha_beta import AlphaBeta, models_from_table
+from shardlab.costs.comm_volume import Call, ModelShape, StepShape, bytes_per_rank, comm_plan, experiment_plan
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def plan_seconds(plan: list[Call], models: dict[str, AlphaBeta]) -> float | None
 
 
 def link_models(link: Link) -> dict[str, AlphaBeta]:
-    from shardlab.comm.collectives import COLLECTIVES
+    from shardlab.costs.collectives import COLLECTIVES
 
     return {c: AlphaBeta(link.latency_s, link.bandwidth_GBps * 1e9) for c in COLLECTIVES}
 
@@ -162,7 +162,7 @@ def load_experiments(paths: list[Path]) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab.comm.whatif", description=__doc__,
+    parser = argparse.ArgumentParser(prog="shardlab.tables.communication", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, required=True, help="results/tables/runs.csv")
     parser.add_argument("--fit", type=Path, required=True, help="results/tables/comm_fit.csv")

@@ -5,7 +5,7 @@ after backward. This is the baseline the study's overlapped variants are measure
 """
 
 from shardlab.strategies.base import Strategy
-from shardlab.strategies.dp_comm import GradientBucket
+from shardlab.strategies.data_parallel.comms import GradientBucket
 
 
 class NaiveDataParallel(Strategy):

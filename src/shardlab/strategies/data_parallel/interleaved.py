@@ -9,7 +9,7 @@ Communication time recorded here is the time blocked in those waits, i.e. what o
 import contextlib
 
 from shardlab.strategies.base import Strategy
-from shardlab.strategies.dp_comm import layer_buckets
+from shardlab.strategies.data_parallel.comms import layer_buckets
 
 
 class InterleavedDataParallel(Strategy):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardlab.aggregate import write_tables
+from shardlab.tables.runs import write_tables
 
 CP_COLUMNS = ["experiment", "strategy", "status", "seq_len", "global_batch_size", "cp_size", "rank",
               "activation_bytes", "param_bytes", "tokens_per_s", "step_time_median_s", "final_loss"]
@@ -68,7 +68,7 @@ def build_tables(summary_paths: list[Path]) -> dict[str, pd.DataFrame]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab.context_expert_tables", description=__doc__,
+    parser = argparse.ArgumentParser(prog="shardlab.tables.context_expert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("summaries", type=Path, nargs="*")
