@@ -12,7 +12,7 @@ from shardlab.costs.alpha_beta import AlphaBeta, fit_alpha_beta, fit_table, mode
 from shardlab.costs.collectives import COLLECTIVES, bus_factor, busbw
 from shardlab.costs.comm_volume import ModelShape, StepShape, bytes_per_rank, comm_plan
 from shardlab.tables.communication import LINKS, MEASURED_LINK, projection_table, share_table, whatif_table
-from shardlab.config import ConfigError
+from shardlab.errors import ConfigError
 
 # --- bus bandwidth (nccl-tests PERFORMANCE.md) --------------------------------------------------
 

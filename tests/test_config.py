@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from conftest import REPO
-from shardlab.config import ConfigError, validate_config
+from shardlab.errors import ConfigError
+from shardlab.study import load_study
 
 BASE = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
 
@@ -50,20 +51,36 @@ BAD_CONFIGS = [
 @pytest.mark.parametrize("path,value,field,problem", BAD_CONFIGS, ids=[c[0] + "=" + str(c[1])[:12] for c in BAD_CONFIGS])
 def test_bad_config_is_rejected_naming_the_field(path, value, field, problem):
     with pytest.raises(ConfigError) as err:
-        validate_config(mutated(path, value), base_dir=REPO)
+        load_study(mutated(path, value), base_dir=REPO)
     assert err.value.field == field, str(err.value)
     assert problem in str(err.value)
 
 
 def test_good_configs_pass():
     for name in ("config.yaml", "test.yaml", "runpod.yaml"):
-        validate_config(yaml.safe_load((REPO / "config" / name).read_text()), base_dir=REPO)
+        load_study(yaml.safe_load((REPO / "config" / name).read_text()), base_dir=REPO)
 
 
 def test_schema_defaults_are_filled():
-    cfg = validate_config(copy.deepcopy(BASE), base_dir=REPO)
+    cfg = copy.deepcopy(BASE)
+    study = load_study(cfg, base_dir=REPO)
     assert cfg["defaults"]["training"]["dtype"] == "fp32"
-    assert cfg["defaults"]["training"]["fault_injection"] == "none"
+    assert study.experiments["data_parallel"]["training"]["fault_injection"] == "none"
+
+
+def test_check_config_command_and_the_snakefile_share_one_check(tmp_path):
+    """`shardlab check-config` rejects what the Snakefile rejects, e.g. a model name defined twice."""
+    cfg = copy.deepcopy(BASE)
+    other = next(n for n in cfg["experiments"] if n != "data_parallel")
+    cfg["experiments"][other]["model"] = {"hidden_size": 32}  # same model name, other settings
+    bad = tmp_path / "twice.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "shardlab", "check-config", str(bad)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "defined differently" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(bad)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "defined differently" in proc.stdout + proc.stderr
 
 
 def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
@@ -77,14 +94,10 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
 
 
 def test_identical_single_device_references_are_shared_and_different_ones_are_not():
-    from shardlab.config import resolve_experiment, shared_references
-
     cfg = copy.deepcopy(BASE)
     cfg["experiments"] = {
         "a": {"strategies": ["single", "ddp"]},
         "b": {"strategies": ["single", "dp_naive"]},  # same settings as a: shares a's reference
         "c": {"strategies": ["single"], "training": {"steps": 5}},  # different steps: its own run
     }
-    cfg = validate_config(cfg, base_dir=REPO)
-    experiments = {name: resolve_experiment(cfg, name) for name in cfg["experiments"]}
-    assert shared_references(experiments) == {"b": "a"}
+    assert load_study(cfg, base_dir=REPO).shared_references == {"b": "a"}

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import TEST_EXPERIMENT, assert_losses_match
-from shardlab.config import ConfigError, deep_merge
+from shardlab.config import deep_merge
+from shardlab.errors import ConfigError
 from shardlab.strategies.expert_parallel.moe import MoEConfig, MoEMLP, capacity_plan, expert_capacity
 from shardlab.strategies.expert_parallel.options import MOE_DEFAULTS, check_moe_options
 

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from conftest import TEST_EXPERIMENT, assert_losses_match
-from shardlab.config import ConfigError, deep_merge
+from shardlab.config import deep_merge
+from shardlab.errors import ConfigError
 from shardlab.strategies import get_spec
 from shardlab.strategies.pipeline_parallel.measure import LiveSavedBytes
-from shardlab.strategies.pipeline_parallel.stages import NeoXStage, split_units
+from shardlab.costs.shapes import stage_units
+from shardlab.strategies.pipeline_parallel.stages import NeoXStage
 
 
 # --- no processes: the cut and the memory accounting -------------------------------------------
@@ -29,11 +31,11 @@ def _tiny_model():
     return GPTNeoXForCausalLM(tiny_neox_config(TEST_EXPERIMENT["model"]))
 
 
-def test_split_units_puts_embedding_first_and_head_last():
-    assert split_units(4, 2) == [["embed", 0, 1], [2, 3, "head"]]
-    assert split_units(2, 4) == [["embed"], [0], [1], ["head"]]  # more stages than layers
+def test_stage_units_puts_embedding_first_and_head_last():
+    assert stage_units(4, 2) == [["embed", 0, 1], [2, 3, "head"]]
+    assert stage_units(2, 4) == [["embed"], [0], [1], ["head"]]  # more stages than layers
     with pytest.raises(ValueError, match="cannot be cut"):
-        split_units(2, 5)
+        stage_units(2, 5)
 
 
 @pytest.mark.parametrize("n_stages", [1, 2, 3, 4])
@@ -41,7 +43,7 @@ def test_stages_chained_equal_the_full_model(n_stages):
     model = _tiny_model()
     tokens = torch.randint(0, 256, (3, 32))
     hidden = tokens
-    for units in split_units(2, n_stages):
+    for units in stage_units(2, n_stages):
         hidden = NeoXStage(model, units)(hidden)
     torch.testing.assert_close(hidden, model(input_ids=tokens).logits, rtol=0, atol=0)
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from conftest import TEST_TOKENS_PER_STEP, assert_within
-from shardlab.config import load_config
+from shardlab.study import load_study_file
 from shardlab.tables.parity import tolerance
 from shardlab.core.data import TEXT_FORMATS, read_documents
 from shardlab.science import evaluate as ev
 from shardlab.science.formats import BIOLOGY, CHEMISTRY, FORMATS, MATERIALS, parse_conditional
-from shardlab.science.splits import PARTS, part_of, rows_of_part, write_splits
+from shardlab.core.splits import PARTS, part_of, rows_of_part, write_splits
 from shardlab.tables.science import run_rows, time_to_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,12 +85,12 @@ def test_part_of_ignores_row_order_and_duplicates_stay_together():
 
 def test_science_configs_are_valid():
     for name in ("config/config.yaml", "config/test.yaml"):
-        cfg = load_config(REPO / name, base_dir=REPO)
-        science = [e for e in cfg["experiments"].values() if e.get("data", {}).get("format") in FORMATS]
+        study = load_study_file(REPO / name, base_dir=REPO)
+        science = [e for e in study.experiments.values() if e["data"]["format"] in FORMATS]
         assert science, f"{name} has no science experiment"
-    cfg = load_config(REPO / "config/config.yaml", base_dir=REPO)
+    study = load_study_file(REPO / "config/config.yaml", base_dir=REPO)
     for domain in ("chemistry", "biology", "materials"):
-        exp = cfg["experiments"][f"science_{domain}"]
+        exp = study.experiments[f"science_{domain}"]
         assert len(exp["strategies"]) >= 3 and "single" in exp["strategies"]
         assert exp["training"]["save_model"] and exp["training"]["eval_every"] > 0
 

@@ -16,7 +16,8 @@ from conftest import TEST_EXPERIMENT, assert_losses_match, assert_within, launch
 
 from shardlab.costs.activations import (COMPONENTS, component_of, comparison_rows, korthikanti_per_layer,
                                        korthikanti_total)
-from shardlab.config import ConfigError, deep_merge
+from shardlab.config import deep_merge
+from shardlab.errors import ConfigError
 from shardlab.tables.parity import tolerance
 
 TP_STRATEGIES = ["tp", "tp_sp", "tp_dtensor", "tp_sp_dtensor"]

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within
-from shardlab.config import ConfigError, deep_merge
+from shardlab.config import deep_merge
+from shardlab.errors import ConfigError
 from shardlab.costs.memory import predict
 from shardlab.tables.parity import tolerance
 from shardlab.strategies import REGISTRY

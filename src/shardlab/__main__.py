@@ -9,12 +9,12 @@ import importlib
 import sys
 
 COMMANDS = {
-    "check-config": ("shardlab.config:check_main", "validate a config file without running anything"),
-    "prepare-model": ("shardlab.core.model:main", "build or download an experiment's model"),
-    "prepare-data": ("shardlab.core.data:main", "tokenize an experiment's corpus"),
+    "check-config": ("shardlab.study:check_main", "validate a config file without running anything"),
+    "prepare-model": ("shardlab.prepare:model_main", "build or download an experiment's model"),
+    "prepare-data": ("shardlab.prepare:data_main", "tokenize an experiment's corpus"),
     "launch": ("shardlab.runner.launch:main", "run one strategy under torchrun and record the outcome"),
     "plan-zero": ("shardlab.costs.zero_tree:main", "pick a ZeRO stage from model size, device memory and count"),
-    "zero-tables": ("shardlab.tables.zero:main", "ZeRO report tables: measured vs predicted memory, tree check"),
+    "tables": ("shardlab.tables:main", "build one topic's tables from run summaries (what the workflow's rules run)"),
 }
 
 

@@ -6,7 +6,8 @@ import os
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from shardlab.config import ConfigError, check_experiment, resolve_experiment, shared_references
+from shardlab.errors import ConfigError
+from shardlab.study import load_study
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -14,49 +15,25 @@ RESULTS = config["results_dir"]
 RESOURCES = config["resources_dir"]
 ENV = "../envs/shardlab.yaml"
 
-
-def _resolve_all(config):
-    experiments = {}
-    for name in config["experiments"]:
-        try:
-            exp = resolve_experiment(config, name)
-            check_experiment(exp, base_dir=workflow.basedir)
-        except ConfigError as err:
-            raise WorkflowError(f"invalid configuration: {err}")
-        experiments[name] = exp
-    return experiments
-
-
-EXPERIMENTS = _resolve_all(config)
-RUNS = [
-    (exp, strategy) for exp, e in EXPERIMENTS.items() for strategy in e["strategies"]
-]
-
-
-def _unique_by_name(section):
-    """Models and corpora are shared by name across experiments; one name, one definition."""
-    by_name = {}
-    for exp in EXPERIMENTS.values():
-        spec = exp[section]
-        key = spec["name"] if section == "model" else spec["corpus"]
-        if by_name.setdefault(key, spec) != spec:
-            raise WorkflowError(
-                f"invalid configuration: {section} '{key}' is defined differently in two experiments "
-                f"(experiments.{exp['name']}.{section}); give the variant its own name"
-            )
-    return by_name
-
-
-MODELS = _unique_by_name("model")
-CORPORA = {exp["data"]["corpus"]: exp["data"] for exp in EXPERIMENTS.values()}
-_unique_by_name("data")
-
-
-SHARED_REFERENCE = shared_references(EXPERIMENTS)
+# The one check path (also `python -m shardlab check-config`): schema, settings, registry, formats.
+try:
+    STUDY = load_study(config, base_dir=workflow.basedir)
+except ConfigError as err:
+    raise WorkflowError(f"invalid configuration: {err}")
+EXPERIMENTS = STUDY.experiments
+RUNS = STUDY.runs
+MODELS = STUDY.by_name("model")
+CORPORA = STUDY.by_name("data")
+SHARED_REFERENCE = STUDY.shared_references
 
 
 def model_dir(model):
     return f"{RESOURCES}/models/{model}"
+
+
+def model_record(exp):
+    """The prepared model's record (settings + architecture): resources/models/<name>/shardlab_model.json."""
+    return f"{model_dir(EXPERIMENTS[exp]['model']['name'])}/shardlab_model.json"
 
 
 def tokens_path(exp):
@@ -68,9 +45,47 @@ def run_dir(exp, strategy):
     return f"{RESULTS}/{exp}/runs/{strategy}"
 
 
+def settings_file(exp):
+    return f"{RESULTS}/{exp}/experiment.json"
+
+
 def run_files(exp, name):
     """One file (e.g. summary.json) of every run of an experiment."""
     return [f"{run_dir(exp, s)}/{name}" for s in EXPERIMENTS[exp]["strategies"]]
+
+
+def table_files(*names):
+    return [f"{RESULTS}/tables/{name}.csv" for name in names]
+
+
+def code(*modules):
+    """Source files of shardlab modules (e.g. 'tables/zero'): a rule reruns when they change."""
+    return [f"src/shardlab/{m}.py" for m in modules]
+
+
+def topic_inputs(topic, metrics=False):
+    """What a topic's table rule reads: its runs (and their references) from the registry, those
+    experiments' settings and model records, and the table code."""
+    runs = STUDY.runs_of(topic)
+    experiments = STUDY.experiments_of(topic)
+    inputs = {
+        "summaries": [f"{run_dir(e, s)}/summary.json" for e, s in runs],
+        "experiments": [settings_file(e) for e in experiments],
+        "models": sorted({model_record(e) for e in experiments}),
+        "code": code("tables/__init__", f"tables/{topic}"),
+    }
+    if metrics:
+        inputs["metrics"] = [f"{run_dir(e, s)}/metrics.jsonl" for e, s in runs]
+    return inputs
+
+
+def table_args(input):
+    """The `shardlab tables` arguments for a rule's declared inputs."""
+    return " ".join(
+        f"--{kind} " + " ".join(input[kind])
+        for kind in ("summaries", "metrics", "experiments", "models", "tables")
+        if kind in input.keys() and len(input[kind])
+    )
 
 
 # Tables the report reads; rule files of other topics extend this list.

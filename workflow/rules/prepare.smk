@@ -12,7 +12,7 @@ rule prepare_model:
         spec=lambda w: json.dumps(MODELS[w.model], sort_keys=True),
         out=lambda w: model_dir(w.model),
     shell:
-        "python -m shardlab.core.model --model-json {params.spec:q} --out {params.out} > {log} 2>&1"
+        "python -m shardlab prepare-model --model-json {params.spec:q} --out {params.out} > {log} 2>&1"
 
 
 rule prepare_data:
@@ -31,5 +31,5 @@ rule prepare_data:
         model_dir=lambda w: model_dir(w.model),
         out=lambda w: f"{RESOURCES}/data/{w.model}/{w.corpus}",
     shell:
-        "python -m shardlab.core.data --data-json {params.data:q} --model-json {params.model:q}"
+        "python -m shardlab prepare-data --data-json {params.data:q} --model-json {params.model:q}"
         " --model-dir {params.model_dir} --out {params.out} > {log} 2>&1"

@@ -14,13 +14,13 @@ rule experiment_settings:
         # A change to an experiment's settings changes this param and reruns only that experiment.
         settings=lambda w: json.dumps(EXPERIMENTS[w.exp], sort_keys=True),
     shell:
-        "python -m shardlab.config write {params.settings:q} {output} > {log} 2>&1"
+        "python -m shardlab.study {params.settings:q} {output} > {log} 2>&1"
 
 
 rule run_strategy:
     input:
-        settings=f"{RESULTS}/{{exp}}/experiment.json",
-        model=lambda w: f"{model_dir(EXPERIMENTS[w.exp]['model']['name'])}/shardlab_model.json",
+        settings=lambda w: settings_file(w.exp),
+        model=lambda w: model_record(w.exp),
         tokens=lambda w: tokens_path(w.exp),
     output:
         summary=f"{RESULTS}/{{exp}}/runs/{{strategy}}/summary.json",

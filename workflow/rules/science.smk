@@ -27,7 +27,7 @@ rule science_splits:
     params:
         out=lambda w: f"{RESULTS}/{w.exp}/splits",
     shell:
-        "python -m shardlab.science.splits --config {input.settings} --out {params.out} > {log} 2>&1"
+        "python -m shardlab.core.splits --config {input.settings} --out {params.out} > {log} 2>&1"
 
 
 rule science_evaluate:

@@ -33,7 +33,7 @@ def resolve_settings(settings: dict | None) -> dict:
     settings = copy.deepcopy(settings or {})
     validate_against_schema(settings, load_schema()["properties"]["comm_bench"], prefix="comm_bench")
     if settings["max_bytes"] < settings["min_bytes"]:
-        from shardlab.config import ConfigError
+        from shardlab.errors import ConfigError
 
         raise ConfigError("comm_bench.max_bytes", f"{settings['max_bytes']} is below min_bytes={settings['min_bytes']}")
     return settings

@@ -1,7 +1,8 @@
 """Corpus -> token file, and deterministic global batches drawn from it.
 
 A *text format* turns one CSV row into one training document (or None to skip a malformed row).
-For a locally built model a byte-level BPE tokenizer is fitted to the corpus; a hub model uses
+Formats are registered by name (`register_text_format`); topics add their own (the science
+formats register themselves when `shardlab.science.formats` is imported). For a locally built model a byte-level BPE tokenizer is fitted to the corpus; a hub model uses
 its own tokenizer.
 """
 
@@ -14,6 +15,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from shardlab.core.splits import rows_of_part
+
 EOS = "<|endoftext|>"
 
 
@@ -22,24 +25,19 @@ def smiles_text(row: dict) -> str | None:
     return smiles or None
 
 
-#: name -> row formatter; domain formats register here.
+#: name -> row formatter.
 TEXT_FORMATS: dict[str, Callable[[dict], str | None]] = {"smiles": smiles_text}
 
 
-def _register_science_formats() -> None:
-    from shardlab.science.formats import FORMATS  # conditional text: <logS=..>, <class=..>, <gap=..>
-
-    TEXT_FORMATS.update(FORMATS)
-
-
-_register_science_formats()
+def register_text_format(name: str, formatter: Callable[[dict], str | None]) -> None:
+    if TEXT_FORMATS.get(name, formatter) is not formatter:
+        raise ValueError(f"text format '{name}' is registered twice")
+    TEXT_FORMATS[name] = formatter
 
 
 def _rows(path: Path | str, split: dict | None, part: str | None):
     """The CSV's rows, or only those of one deterministic split part (`data.split`)."""
     if split and part:
-        from shardlab.science.splits import rows_of_part
-
         yield from rows_of_part(path, split, part)
         return
     with open(path, newline="") as fh:
@@ -144,23 +142,3 @@ class TokenBatches:
         rng = np.random.default_rng([self.seed, 1 << 30])
         for _ in range(n_batches):
             yield self._windows(self.val, rng, self.batch)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.core.data --data-json '{...}' --model-json '{...}' --model-dir DIR --out DIR`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="shardlab.core.data", description="Tokenize a corpus for a model.")
-    parser.add_argument("--data-json", required=True, help="the experiment's `data` settings as JSON")
-    parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
-    parser.add_argument("--model-dir", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    meta = prepare_corpus(json.loads(args.data_json), json.loads(args.model_json), args.model_dir, args.out)
-    print(f"corpus '{meta['corpus']}': {meta['documents']} documents, {meta['tokens']} tokens, "
-          f"{meta['skipped_rows']} malformed rows skipped -> {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -68,8 +68,18 @@ def prepare_model(model_cfg: dict, out_dir: Path | str) -> Path:
         build_local_model(model_cfg, out_dir)
     else:
         download_hub_model(model_cfg, out_dir)
-    (out_dir / "shardlab_model.json").write_text(json.dumps(model_cfg, indent=2, sort_keys=True))
+    record = dict(model_cfg, shape=architecture(out_dir / "config.json"))
+    (out_dir / "shardlab_model.json").write_text(json.dumps(record, indent=2, sort_keys=True))
     return out_dir
+
+
+def architecture(config_json: Path) -> dict:
+    """The sizes every cost model needs, from a Hugging Face GPT-NeoX config.json (local or hub), so
+    the record `shardlab_model.json` beside the weights describes the model without loading it."""
+    config = json.loads(Path(config_json).read_text())
+    return {"vocab_size": config["vocab_size"], "hidden_size": config["hidden_size"],
+            "num_layers": config["num_hidden_layers"], "num_heads": config["num_attention_heads"],
+            "intermediate_size": config["intermediate_size"]}
 
 
 def load_model(model_dir: Path | str):
@@ -83,26 +93,3 @@ def load_model(model_dir: Path | str):
 
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.core.model --model-json '{...}' --out DIR`: build or download a model."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="shardlab.core.model")
-    parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    model_cfg = json.loads(args.model_json)
-    try:
-        prepare_model(model_cfg, args.out)
-    except ModelUnavailable as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"model '{model_cfg['name']}' ready in {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -24,18 +24,30 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-# rung -> (ZeRO stage, optimizer state offloaded, parameters offloaded, framework)
-RUNGS: dict[str, tuple[int, bool, bool, str]] = {
-    "zero0": (0, False, False, "deepspeed"),
-    "zero1": (1, False, False, "deepspeed"),
-    "zero2": (2, False, False, "deepspeed"),
-    "zero3": (3, False, False, "deepspeed"),
-    "zero2_offload": (2, True, False, "deepspeed"),
-    "zero3_offload": (3, True, True, "deepspeed"),
-    "fsdp2_grad_op": (3, False, False, "fsdp2"),
-    "fsdp2_full": (3, False, False, "fsdp2"),
+
+
+@dataclass(frozen=True)
+class ZeroRung:
+    """What the memory model needs to know of a ZeRO rung."""
+
+    stage: int
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    framework: str = "deepspeed"  # or "fsdp2": fp32 shards, no master copy
+
+
+# The ZeRO ladder, the one definition of each rung (the registry's zero specs and the DeepSpeed
+# settings derive from it), in the decision tree's order: least communication first.
+ZERO_LADDER: dict[str, ZeroRung] = {
+    "zero0": ZeroRung(0),
+    "zero1": ZeroRung(1),
+    "zero2": ZeroRung(2),
+    "zero3": ZeroRung(3),
+    "zero2_offload": ZeroRung(2, offload_optimizer=True),
+    "zero3_offload": ZeroRung(3, offload_optimizer=True, offload_param=True),
 }
-LADDER = ["zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
+FSDP2_RUNGS: dict[str, ZeroRung] = {"fsdp2_grad_op": ZeroRung(3, framework="fsdp2"),
+                                    "fsdp2_full": ZeroRung(3, framework="fsdp2")}
 MOMENT_BYTES = {"adamw": 8, "sgd": 0}  # fp32 state per parameter (SGD without momentum keeps none)
 DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce bucket, in elements
 
@@ -63,10 +75,20 @@ class ModelStates:
         return dict(asdict(self), total_bytes=self.total_bytes, device_peak_bytes=self.device_peak_bytes)
 
 
-def predict(rung: str, n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
+def unsharded(n_params: float, dtype: str = "fp32", optimizer: str = "adamw") -> ModelStates:
+    """Plain torch training of `n_params` parameters on one rank: fp32 weights and gradients (bf16 is
+    autocast over fp32 master weights) and the optimizer's fp32 moments, nothing sharded or offloaded."""
+    psi = float(n_params)
+    return ModelStates(4 * psi, 4 * psi, MOMENT_BYTES[optimizer] * psi, 4 * psi, 0.0)
+
+
+def predict(rung: str | ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
             bucket_elements: float = DEFAULT_BUCKET) -> ModelStates:
-    """Per-rank model-state bytes of `rung` for a model of `n_params` on `ranks` data-parallel ranks."""
-    stage, off_opt, off_param, framework = RUNGS[rung]
+    """Per-rank model-state bytes of a ZeRO `rung` (a name of ZERO_LADDER / FSDP2_RUNGS or its facts)
+    for a model of `n_params` on `ranks` data-parallel ranks."""
+    if isinstance(rung, str):
+        rung = {**ZERO_LADDER, **FSDP2_RUNGS}[rung]
+    stage, off_opt, off_param, framework = rung.stage, rung.offload_optimizer, rung.offload_param, rung.framework
     psi, n = float(n_params), ranks
     moments = MOMENT_BYTES[optimizer]
     if framework == "fsdp2":
@@ -92,8 +114,3 @@ def predict(rung: str, n_params: float, ranks: int, dtype: str = "bf16", optimiz
     if off_opt:
         offloaded += grads  # the gradient partition(s) the CPU optimizer steps on live in host memory too
     return ModelStates(params, grads, opt, grad_peak, offloaded)
-
-
-def prediction_table(n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
-                     rungs=None) -> list[dict]:
-    return [dict(rung=r, **predict(r, n_params, ranks, dtype, optimizer).as_dict()) for r in (rungs or list(RUNGS))]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from shardlab.costs.memory import LADDER, predict
+from shardlab.costs.memory import ZERO_LADDER, predict
 
 DEFAULT_HEADROOM = 0.25
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -33,7 +33,7 @@ def feasibility(n_params: float, gpus: int, gpu_mem: float, dtype: str = "bf16",
     """One row per rung: predicted peak device bytes per rank, the budget, and whether it fits."""
     budget = gpu_mem * (1 - headroom)
     rows = []
-    for rung in LADDER:
+    for rung in ZERO_LADDER:
         states = predict(rung, n_params, gpus, dtype, optimizer)
         host_needed = states.offloaded_bytes * gpus  # every rank's offloaded share lives on the same host
         fits_device = states.device_peak_bytes <= budget

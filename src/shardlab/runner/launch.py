@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from shardlab.config import ConfigError, check_batch_split, config_hash, world_size_for
+from shardlab.config import config_hash
+from shardlab.errors import ConfigError
 from shardlab.runner.metrics import now, write_json
 from shardlab.strategies import get_spec
 
@@ -26,7 +27,7 @@ RUN_FILES = ("summary.json", "metrics.jsonl", "run.log")
 
 
 def resolve_world_size(exp: dict, strategy: str) -> int:
-    world = world_size_for(exp, strategy)
+    world = get_spec(strategy).world_size(exp)
     if world != "auto":
         return int(world)
     if os.environ.get("RUNPOD_GPU_COUNT"):  # set on RunPod pods
@@ -89,7 +90,7 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
             "config_hash": config_hash(exp), "attempt": str(attempt), "finished": now(), "ranks": []}
     try:
         n_procs = resolve_world_size(exp, strategy)
-        check_batch_split(dict(exp, launch=dict(exp["launch"], world_size=n_procs)), strategy, f"experiments.{exp['name']}")
+        get_spec(strategy).check(exp, f"experiments.{exp['name']}", world=n_procs)
     except ConfigError as err:
         summary = dict(base, status="failed", reason=str(err), world_size=None)
     else:

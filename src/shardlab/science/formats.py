@@ -12,6 +12,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from shardlab.core.data import register_text_format
+
 _TAG = re.compile(r"^<(?P<tag>[A-Za-z]+)=(?P<value>[^<>\s]+)> (?P<body>\S+)$")
 _CLASS = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -94,3 +96,5 @@ MATERIALS = ConditionalFormat("mp_gap", "materials", "gap", "formula", "target",
                               body_pattern=r"^[A-Za-z0-9().]+$")
 
 FORMATS: dict[str, ConditionalFormat] = {f.name: f for f in (CHEMISTRY, BIOLOGY, MATERIALS)}
+for _format in FORMATS.values():
+    register_text_format(_format.name, _format)

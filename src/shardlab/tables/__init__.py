@@ -1,0 +1,95 @@
+"""Run results -> the tidy tables the report draws, one module per topic.
+
+Each topic (`runs`, `data_parallel`, `zero`, `tensor_parallel`, `pipeline`, `context_expert`,
+`communication`, `science`) has a module here with `build(inputs) -> {table name: DataFrame}`, a
+rule file `workflow/rules/<topic>.smk` that declares its inputs, and a report section
+`reports/sections/<topic>.qmd` that only draws its tables. Every derived number (parity against
+the reference, theory and model predictions beside the measurements) is a column computed here,
+once. Builders receive their inputs as arguments (what the rule declared), never by walking the
+results folder, and every table is written by `write_tables`.
+
+    python -m shardlab tables TOPIC --out-dir results/tables --summaries ... --metrics ... \\
+        --experiments ... --models ... --tables name=path ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "communication",
+          "science")
+
+
+@dataclass
+class TableInputs:
+    """What a topic's rule declared, read: run summaries (with their step records when given), resolved
+    experiment settings by name, model records (`shardlab_model.json`) by name, and other tables."""
+
+    summaries: list[dict] = field(default_factory=list)
+    experiments: dict[str, dict] = field(default_factory=dict)
+    models: dict[str, dict] = field(default_factory=dict)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, summaries=(), metrics=(), experiments=(), models=(), tables=()) -> TableInputs:
+        if metrics and len(metrics) != len(summaries):
+            raise ValueError(f"{len(metrics)} step logs for {len(summaries)} run summaries: give one per run, same order")
+        runs = [json.loads(Path(p).read_text()) for p in summaries]
+        for run, steps in zip(runs, metrics):
+            run["steps"] = [json.loads(line) for line in Path(steps).read_text().splitlines() if line.strip()]
+        return cls(runs, {e["name"]: e for e in map(_read_json, experiments)},
+                   {m["name"]: m for m in map(_read_json, models)},
+                   {Path(p).stem: pd.read_csv(p) for p in tables})
+
+    def experiment(self, summary: dict) -> dict:
+        return self.experiments[summary["experiment"]]
+
+    def model_shape(self, exp: dict):
+        """The experiment's ModelShape: from its settings (local models) or the model record (any model)."""
+        from shardlab.costs.shapes import ModelShape
+
+        record = self.models.get(exp["model"]["name"])
+        if record and "shape" in record:
+            return ModelShape.from_dict(record["shape"])
+        return ModelShape.from_dict(exp["model"]) if exp["model"]["source"] == "local" else None
+
+
+def _read_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> None:
+    """The one CSV writer: each table as out_dir/<name>.csv."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        frame.to_csv(out_dir / f"{name}.csv", index=False)
+        print(f"{name}.csv: {len(frame)} rows")
+
+
+def build(topic: str, inputs: TableInputs) -> dict[str, pd.DataFrame]:
+    if topic not in TOPICS:
+        raise ValueError(f"unknown table topic '{topic}' (known: {', '.join(TOPICS)})")
+    return importlib.import_module(f"shardlab.tables.{topic}").build(inputs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shardlab tables", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("topic", choices=TOPICS)
+    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("--summaries", type=Path, nargs="*", default=[], help="results/<exp>/runs/<strategy>/summary.json")
+    parser.add_argument("--metrics", type=Path, nargs="*", default=[], help="the runs' metrics.jsonl, same order")
+    parser.add_argument("--experiments", type=Path, nargs="*", default=[], help="results/<exp>/experiment.json")
+    parser.add_argument("--models", type=Path, nargs="*", default=[], help="resources/models/<name>/shardlab_model.json")
+    parser.add_argument("--tables", type=Path, nargs="*", default=[], help="other tables the topic reads (CSV)")
+    args = parser.parse_args(argv)
+    inputs = TableInputs.read(args.summaries, args.metrics, args.experiments, args.models, args.tables)
+    write_tables(build(args.topic, inputs), args.out_dir)
+    return 0

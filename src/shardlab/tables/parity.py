@@ -37,6 +37,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import pandas as pd
+
+from shardlab.strategies import REGISTRY
+
 UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8}
 CONFIDENCE = 4.0
 
@@ -57,3 +61,35 @@ def max_deviation(values: Sequence[float], reference: Sequence[float]) -> float:
     if len(values) != len(reference):
         raise ValueError(f"{len(values)} values against {len(reference)} reference values")
     return max((abs(a - b) for a, b in zip(values, reference)), default=0.0)
+
+
+PARITY_COLUMNS = ["experiment", "strategy", "topic", "family", "reference", "status", "dtype", "steps_compared",
+                  "max_loss_deviation", "tolerance", "within_tolerance", "val_loss_deviation"]
+
+
+def parity_rows(summaries: list[dict], experiments: dict[str, dict]) -> pd.DataFrame:
+    """One row per run that has a reference (its registry `reference`, same experiment): the largest
+    per-step loss deviation, the rounding tolerance for its dtype and size, and the verdict."""
+    by_run = {(s["experiment"], s["strategy"]): s for s in summaries}
+    rows = []
+    for s in summaries:
+        spec = REGISTRY[s["strategy"]]
+        reference = by_run.get((s["experiment"], spec.reference))
+        if spec.reference == s["strategy"] or reference is None:
+            continue
+        training = experiments[s["experiment"]]["training"] if s["experiment"] in experiments else {}
+        row = {"experiment": s["experiment"], "strategy": s["strategy"], "topic": spec.topic, "family": spec.family,
+               "reference": spec.reference, "status": s["status"], "dtype": training.get("dtype")}
+        mine = {r["step"]: r["loss"] for r in s.get("steps", [])}
+        ref = {r["step"]: r["loss"] for r in reference.get("steps", [])}
+        common = sorted(set(mine) & set(ref))
+        if s["status"] == "ok" and reference["status"] == "ok" and common and training:
+            losses = [ref[k] for k in common]
+            tol = loss_tolerance(losses, training["global_batch_size"] * training["seq_len"], training["dtype"])
+            deviation = max_deviation([mine[k] for k in common], losses)
+            val = (abs(s["final_val_loss"] - reference["final_val_loss"])
+                   if s.get("final_val_loss") is not None and reference.get("final_val_loss") is not None else None)
+            row.update(steps_compared=len(common), max_loss_deviation=deviation, tolerance=tol,
+                       within_tolerance=deviation <= tol, val_loss_deviation=val)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=PARITY_COLUMNS)

@@ -1,20 +1,26 @@
-"""All runs' summary.json + metrics.jsonl -> tidy tables under results/tables/.
+"""Every run's summary and step log -> the tidy tables of the report's main sections.
 
-- runs.csv: one row per run (status, reason, throughput, loss, settings, environment)
-- steps.csv: one row per run step (loss, step time, tokens/s, communication time, validation loss)
-- ranks.csv: one row per run rank (parameter/gradient/optimizer/activation bytes, peak, extras)
-- activations.csv: one row per run rank module (bytes saved for backward)
+- runs: one row per run (status, reason, throughput, loss, settings, environment, topic, reference)
+- steps: one row per run step (loss, step time, tokens/s, communication time, validation loss)
+- ranks: one row per run rank: measured parameter/gradient/optimizer/activation bytes, peak, extras,
+  and the registry's model-state prediction beside them (`predicted_*_bytes`)
+- activations: one row per run rank module (bytes saved for backward)
+- parity: one row per parallel run: its largest loss deviation from its reference run (same
+  experiment) against the float32 rounding tolerance of `tables.parity`
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import pandas as pd
 
+from shardlab.strategies import REGISTRY
+from shardlab.tables import TableInputs
+from shardlab.tables.parity import parity_rows
+
 RUN_KEYS = ("experiment", "strategy", "status")
+STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 
 
 def _scalars(d: dict, prefix: str = "") -> dict:
@@ -30,29 +36,41 @@ def _scalars(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def read_run(summary_path: Path) -> tuple[dict, list[dict], list[dict], list[dict]]:
-    summary = json.loads(summary_path.read_text())
+def predicted_states(summary: dict, inputs: TableInputs) -> list[dict]:
+    """The registry's per-rank model-state prediction for a finished run ([] when it cannot say)."""
+    exp = inputs.experiments.get(summary.get("experiment"))
+    if not exp or summary.get("status") != "ok":
+        return []
+    shape = inputs.model_shape(exp)
+    if shape is None:
+        return []
+    spec = REGISTRY[summary["strategy"]]
+    training = exp["training"]
+    states = spec.model_states(shape, summary["world_size"], spec.options(exp), training["dtype"], training["optimizer"])
+    return [{f"predicted_{key}": getattr(s, key) for key in STATES} for s in states]
+
+
+def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], list[dict], list[dict]]:
+    summary = dict(summary)
     key = {k: summary.get(k) for k in RUN_KEYS}
     ranks = summary.pop("ranks", []) or []
-    run = _scalars(summary)
-
-    metrics_path = summary_path.with_name("metrics.jsonl")
-    lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-    steps = [dict(key, **json.loads(line)) for line in lines if line.strip()]
-
+    steps = summary.pop("steps", [])
+    spec = REGISTRY.get(summary.get("strategy"))
+    run = dict(_scalars(summary), topic=spec and spec.topic, reference=spec and spec.reference)
+    predicted = predicted_states(summary, inputs)
     rank_rows, activation_rows = [], []
-    for rank in ranks:
+    for i, rank in enumerate(ranks):
         rank = dict(rank)
         by_module = rank.pop("activation_by_module", {}) or {}
-        rank_rows.append(dict(key, **_scalars(rank)))
+        rank_rows.append(dict(key, **_scalars(rank), **(predicted[i] if i < len(predicted) else {})))
         activation_rows += [dict(key, rank=rank["rank"], module=m, bytes=b) for m, b in by_module.items()]
-    return run, steps, rank_rows, activation_rows
+    return run, [dict(key, **s) for s in steps], rank_rows, activation_rows
 
 
-def aggregate(summary_paths: list[Path], out_dir: Path) -> dict[str, pd.DataFrame]:
+def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     runs, steps, ranks, activations = [], [], [], []
-    for path in summary_paths:
-        r, s, k, a = read_run(Path(path))
+    for summary in inputs.summaries:
+        r, s, k, a = run_tables(summary, inputs)
         runs.append(r)
         steps += s
         ranks += k
@@ -63,30 +81,7 @@ def aggregate(summary_paths: list[Path], out_dir: Path) -> dict[str, pd.DataFram
         "ranks": pd.DataFrame(ranks, columns=None if ranks else [*RUN_KEYS, "rank"]),
         "activations": pd.DataFrame(activations, columns=[*RUN_KEYS, "rank", "module", "bytes"]),
     }
-    write_tables(tables, out_dir)
+    tables["parity"] = parity_rows(inputs.summaries, inputs.experiments)
+    ok = int((tables["runs"]["status"] == "ok").sum()) if len(runs) else 0
+    print(f"aggregated {len(runs)} runs ({ok} ok, {len(runs) - ok} failed/oom)")
     return tables
-
-
-def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> None:
-    """Write each table as out_dir/<name>.csv (shared by every topic's table builder)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, frame in tables.items():
-        frame.to_csv(out_dir / f"{name}.csv", index=False)
-        print(f"{name}.csv: {len(frame)} rows")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab.tables.runs", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("summaries", type=Path, nargs="+", help="results/<exp>/runs/<strategy>/summary.json")
-    args = parser.parse_args(argv)
-    tables = aggregate(args.summaries, args.out_dir)
-    runs = tables["runs"]
-    ok = int((runs["status"] == "ok").sum())
-    print(f"aggregated {len(runs)} runs ({ok} ok, {len(runs) - ok} failed/oom) -> {args.out_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

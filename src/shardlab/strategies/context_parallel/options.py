@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from shardlab.errors import ConfigError
 
-def check_cp_options(exp: dict, where: str) -> None:
-    from shardlab.config import ConfigError, world_size_for
 
+def check_cp_options(exp: dict, where: str, cp: int | str) -> None:
     unknown = set(exp.get("strategy_options", {}).get("cp_ring", {})) - {"world_size"}
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown option for cp_ring (known: world_size)")
-    cp = world_size_for(exp, "cp_ring")
     if cp == "auto":
         return  # checked again by the sharding code once the world size is known
     seq_len = exp["training"]["seq_len"]

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
+from shardlab.errors import ConfigError
+
 MOE_DEFAULTS = {"num_experts": 4, "top_k": 2, "capacity_factor": 1.25, "aux_loss_coef": 0.01,
                 "expert_intermediate_size": None, "seed": None}  # must match moe.MoEConfig (tested)
 MOE_STRATEGIES = ("moe_single", "ep_moe")
 
 
-def moe_settings(exp: dict, strategy: str) -> dict:
-    options = exp.get("strategy_options", {}).get(strategy, {})
+def moe_settings(options: dict) -> dict:
+    """The MoE settings of a strategy's options, defaults filled in."""
     return {key: options.get(key, default) for key, default in MOE_DEFAULTS.items()}
 
 
-def check_moe_options(exp: dict, where: str) -> None:
-    from shardlab.config import ConfigError, world_size_for
-
+def check_moe_options(exp: dict, where: str, ranks: int | str) -> None:
     strategy = where.rsplit(".", 1)[-1]
     options = exp.get("strategy_options", {}).get(strategy, {})
     unknown = set(options) - set(MOE_DEFAULTS) - {"world_size"}
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}", f"unknown option (known: {', '.join(MOE_DEFAULTS)}, world_size)")
-    s = moe_settings(exp, strategy)
+    s = moe_settings(options)
     if not isinstance(s["num_experts"], int) or s["num_experts"] < 1:
         raise ConfigError(f"{where}.num_experts", "must be a positive integer")
     if not isinstance(s["top_k"], int) or not 1 <= s["top_k"] <= s["num_experts"]:
@@ -28,12 +28,11 @@ def check_moe_options(exp: dict, where: str) -> None:
     if not s["capacity_factor"] > 0:
         raise ConfigError(f"{where}.capacity_factor", "must be positive")
     if strategy == "ep_moe":
-        ranks = world_size_for(exp, strategy)
         if ranks != "auto" and s["num_experts"] % int(ranks):
             raise ConfigError(f"{where}.num_experts", f"{s['num_experts']} experts cannot be split evenly over {ranks} ranks")
     # The reference must be the same model: both MoE strategies of an experiment share their settings.
     others = [o for o in MOE_STRATEGIES if o != strategy and o in exp.get("strategies", [])]
     for other in others:
-        if moe_settings(exp, other) != s:
+        if moe_settings(exp.get("strategy_options", {}).get(other, {})) != s:
             raise ConfigError(where, f"MoE settings differ from strategy_options.{other}; the unsharded "
                                      f"reference must be the same model")

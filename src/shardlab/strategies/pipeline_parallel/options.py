@@ -7,13 +7,11 @@ strategy_options:
 
 from __future__ import annotations
 
+from shardlab.errors import ConfigError
+
 DEFAULT_MICROBATCHES = 4
 DEFAULT_HYBRID_PP = 2
 KNOWN = {"n_microbatches", "pp_size", "world_size"}
-
-
-def _world(exp: dict, options: dict):
-    return options.get("world_size", exp["launch"]["world_size"])
 
 
 def pipeline_size(world: int, options: dict, hybrid: bool) -> int:
@@ -28,11 +26,9 @@ def data_parallel_size(hybrid: bool):
 
 
 def checker(virtual_stages: int, needs_m_ge_stages: bool, interleaved: bool = False, hybrid: bool = False):
-    """check_options(exp, where) for one pipeline strategy; raises ConfigError naming the field."""
+    """check_options(exp, where, world) for one pipeline strategy; raises ConfigError naming the field."""
 
-    def check(exp: dict, where: str) -> None:
-        from shardlab.config import ConfigError
-
+    def check(exp: dict, where: str, world: int | str) -> None:
         options = exp.get("strategy_options", {}).get(where.rsplit(".", 1)[-1], {})
         for key in options:
             if key not in KNOWN or (key == "pp_size" and not hybrid):
@@ -43,7 +39,6 @@ def checker(virtual_stages: int, needs_m_ge_stages: bool, interleaved: bool = Fa
         if exp["training"].get("micro_batch_size"):
             raise ConfigError(f"experiments.{exp['name']}.training.micro_batch_size",
                               "pipeline strategies cut micro-batches themselves: set strategy_options.<pp strategy>.n_microbatches instead")
-        world = _world(exp, options)
         if world == "auto":
             return  # checked again at launch
         pp = pipeline_size(world, options, hybrid)

@@ -24,7 +24,8 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from shardlab.strategies.base import Strategy, causal_lm_loss
 from shardlab.strategies.pipeline_parallel.measure import LiveSavedBytes, OpTimeline
 from shardlab.strategies.pipeline_parallel.options import DEFAULT_MICROBATCHES
-from shardlab.strategies.pipeline_parallel.stages import NeoXStage, split_units
+from shardlab.costs.shapes import stage_units
+from shardlab.strategies.pipeline_parallel.stages import NeoXStage
 
 
 class TimedStage(PipelineStage):
@@ -62,7 +63,7 @@ class PipelineParallel(Strategy):
         self.pp_group, self.pp_rank, self.pp_size = self.pipeline_group()
         self.n_microbatches = int(self.options.get("n_microbatches", DEFAULT_MICROBATCHES))
         self.n_stages = self.pp_size * self.virtual_stages
-        units = split_units(model.config.num_hidden_layers, self.n_stages)
+        units = stage_units(model.config.num_hidden_layers, self.n_stages)
         self.stage_ids = [self.pp_rank + k * self.pp_size for k in range(self.virtual_stages)]
         self.stage_units = [units[s] for s in self.stage_ids]
         self.holds_first = 0 in self.stage_ids

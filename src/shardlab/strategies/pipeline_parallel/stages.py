@@ -15,28 +15,11 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask
 
-EMBED, HEAD = "embed", "head"
-
-
-def split_units(n_layers: int, n_stages: int) -> list[list]:
-    """Units of each stage, e.g. (4, 2) -> [['embed', 0, 1], [2, 3, 'head']]."""
-    if n_stages < 1:
-        raise ValueError("a pipeline needs at least one stage")
-    if n_layers >= n_stages:
-        chunks = [list(map(int, c)) for c in np.array_split(np.arange(n_layers), n_stages)]
-        chunks[0].insert(0, EMBED)
-        chunks[-1].append(HEAD)
-        return chunks
-    units = [EMBED, *range(n_layers), HEAD]
-    if len(units) < n_stages:
-        raise ValueError(f"{n_stages} stages cannot be cut from {n_layers} layers (+ embedding and head)")
-    return [[units[i] for i in c] for c in np.array_split(np.arange(len(units)), n_stages)]
-
+from shardlab.costs.shapes import EMBED, HEAD
 
 class NeoXStage(nn.Module):
     """One contiguous slice of a GPTNeoXForCausalLM. Layers keep their original index as name

@@ -5,17 +5,8 @@ Importable without torch or DeepSpeed, so the registry can check a config before
 
 from __future__ import annotations
 
-from shardlab.config import ConfigError
-
-# Rung -> ZeRO stage and where the optimizer state / parameters live between steps.
-LADDER: dict[str, dict] = {
-    "zero0": {"stage": 0, "offload_optimizer": "none", "offload_param": "none"},
-    "zero1": {"stage": 1, "offload_optimizer": "none", "offload_param": "none"},
-    "zero2": {"stage": 2, "offload_optimizer": "none", "offload_param": "none"},
-    "zero3": {"stage": 3, "offload_optimizer": "none", "offload_param": "none"},
-    "zero2_offload": {"stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
-    "zero3_offload": {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
-}
+from shardlab.costs.memory import ZERO_LADDER
+from shardlab.errors import ConfigError
 
 # Settings a run may override in `strategy_options.<rung>` (besides the launcher's `world_size`).
 OPTION_DEFAULTS = {
@@ -30,7 +21,9 @@ OFFLOAD_DEVICES = ("none", "cpu")
 
 def rung_settings(rung: str, options: dict) -> dict:
     """The rung's settings with the run's overrides applied."""
-    settings = dict(LADDER[rung])
+    facts = ZERO_LADDER[rung]
+    settings = {"stage": facts.stage, "offload_optimizer": "cpu" if facts.offload_optimizer else "none",
+                "offload_param": "cpu" if facts.offload_param else "none"}
     for key, default in OPTION_DEFAULTS.items():
         value = options.get(key, default)
         if value is not None or key not in settings:
@@ -38,8 +31,9 @@ def rung_settings(rung: str, options: dict) -> dict:
     return settings
 
 
-def check_zero_options(rung: str, exp: dict, where: str) -> None:
+def check_zero_options(exp: dict, where: str, world: int | str) -> None:
     """Reject settings DeepSpeed would refuse (or silently ignore) before anything is launched."""
+    rung = where.rsplit(".", 1)[-1]
     options = exp.get("strategy_options", {}).get(rung, {})
     for key in options:
         if key not in OPTION_DEFAULTS and key != "world_size":
@@ -56,17 +50,6 @@ def check_zero_options(rung: str, exp: dict, where: str) -> None:
         raise ConfigError(f"{where}.bucket_size", "must be a positive integer number of elements")
     if not isinstance(s["param_persistence_threshold"], int) or s["param_persistence_threshold"] < 0:
         raise ConfigError(f"{where}.param_persistence_threshold", "must be a non-negative integer")
-    training = exp["training"]
-    world = options.get("world_size", exp["launch"]["world_size"])
-    if world != "auto":
-        gbs, mbs = training["global_batch_size"], training.get("micro_batch_size")
-        if gbs % world:
-            raise ConfigError(f"{where.rsplit('.strategy_options', 1)[0]}.training.global_batch_size",
-                              f"DeepSpeed needs train_batch_size ({gbs}) divisible by the {world} data-parallel ranks")
-        if mbs and (gbs // world) % mbs:
-            raise ConfigError(f"{where.rsplit('.strategy_options', 1)[0]}.training.micro_batch_size",
-                              f"DeepSpeed needs train_batch_size = micro_batch x accumulation x ranks; "
-                              f"{mbs} does not divide the per-rank batch {gbs // world}")
 
 
 def deepspeed_config(rung: str, training: dict, options: dict, dp_size: int, n_params: int) -> dict:

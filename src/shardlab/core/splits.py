@@ -88,10 +88,10 @@ def write_splits(path: Path | str, split: dict, out_dir: Path | str, base_dir: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.science.splits --config exp.json --out DIR`: save an experiment's splits."""
+    """`python -m shardlab.core.splits --config exp.json --out DIR`: save an experiment's splits."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="shardlab.science.splits")
+    parser = argparse.ArgumentParser(prog="shardlab.core.splits")
     parser.add_argument("--config", type=Path, required=True, help="resolved experiment JSON")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -1,0 +1,142 @@
+"""The study: a configuration checked in full, its experiments resolved, and the runs they make.
+
+This is the one check path: the Snakefile (`workflow/rules/common.smk`) and
+`python -m shardlab check-config` both call `load_study`, so they accept and reject exactly the
+same files. It joins what the lower layers cannot see on their own: the config (schema and
+settings checks), the strategy registry (names, options, batch splits) and the text formats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+import shardlab.science.formats  # noqa: F401  (registers the science text formats)
+from shardlab.config import check_settings, load_schema, resolve_experiment, validate_against_schema
+from shardlab.core.data import TEXT_FORMATS
+from shardlab.errors import ConfigError
+from shardlab.strategies import REGISTRY, get_spec
+
+
+@dataclass(frozen=True)
+class Study:
+    experiments: dict[str, dict]  # name -> resolved settings
+    shared_references: dict[str, str]  # experiment -> earlier experiment whose identical `single` run it reuses
+
+    @property
+    def runs(self) -> list[tuple[str, str]]:
+        return [(name, s) for name, exp in self.experiments.items() for s in exp["strategies"]]
+
+    def runs_of(self, topic: str) -> list[tuple[str, str]]:
+        """Runs of the topic's strategies, with the references they are compared with (same experiment)."""
+        wanted = set()
+        for name, strategy in self.runs:
+            spec = get_spec(strategy)
+            if spec.topic == topic:
+                wanted |= {(name, strategy), (name, spec.reference)}
+        return [run for run in self.runs if run in wanted]
+
+    def experiments_of(self, topic: str) -> list[str]:
+        return list(dict.fromkeys(name for name, _ in self.runs_of(topic)))
+
+    def by_name(self, section: str) -> dict[str, dict]:
+        """Models (section 'model') or corpora ('data') by name: one name, one definition."""
+        key = "name" if section == "model" else "corpus"
+        return {exp[section][key]: exp[section] for exp in self.experiments.values()}
+
+
+def check_experiment(exp: dict, base_dir: Path | str = ".") -> None:
+    """Every check of one resolved experiment; raises ConfigError naming the field."""
+    where = f"experiments.{exp['name']}"
+    check_settings(exp, base_dir)
+    if exp["data"]["format"] not in TEXT_FORMATS:
+        raise ConfigError(f"{where}.data.format",
+                          f"unknown format '{exp['data']['format']}' (known: {', '.join(sorted(TEXT_FORMATS))})")
+    for i, name in enumerate(exp.get("strategies", [])):
+        if name not in REGISTRY:
+            raise ConfigError(f"{where}.strategies[{i}]", f"unknown strategy '{name}' (known: {', '.join(sorted(REGISTRY))})")
+    for name in exp.get("strategy_options", {}):
+        if name not in REGISTRY:
+            raise ConfigError(f"{where}.strategy_options.{name}", "options given for an unknown strategy")
+    for name in exp.get("strategies", []):
+        REGISTRY[name].check(exp, where)
+
+
+def _check_unique_names(experiments: dict[str, dict]) -> None:
+    """Models and corpora are shared by name across experiments (resources/models/<name>, ...)."""
+    for section, key in (("model", "name"), ("data", "corpus")):
+        seen: dict[str, dict] = {}
+        for exp in experiments.values():
+            spec = exp[section]
+            if seen.setdefault(spec[key], spec) != spec:
+                raise ConfigError(f"experiments.{exp['name']}.{section}",
+                                  f"{section} '{spec[key]}' is defined differently in another experiment; "
+                                  f"give the variant its own {key}")
+
+
+def shared_references(experiments: dict[str, dict]) -> dict[str, str]:
+    """{experiment: earlier experiment} for each `single` run identical to an earlier one's.
+
+    Same model, data, training, launch and evaluation settings give the same deterministic
+    single-device run and the same saved model, so the workflow runs it once and shares it.
+    """
+    first: dict[str, str] = {}
+    shared: dict[str, str] = {}
+    for name, exp in experiments.items():
+        if "single" not in exp.get("strategies", []):
+            continue
+        settings = {k: exp.get(k) for k in ("model", "data", "training", "launch", "evaluation")}
+        settings["options"] = exp.get("strategy_options", {}).get("single")
+        key = json.dumps(settings, sort_keys=True)
+        if key in first:
+            shared[name] = first[key]
+        else:
+            first[key] = name
+    return shared
+
+
+def load_study(config: dict, base_dir: Path | str = ".") -> Study:
+    """Validate the whole config (schema defaults filled in place) and resolve its experiments."""
+    schema = load_schema()
+    validate_against_schema(config, schema)
+    experiments = {name: resolve_experiment(config, name, schema) for name in config["experiments"]}
+    for exp in experiments.values():
+        check_experiment(exp, base_dir)
+    _check_unique_names(experiments)
+    return Study(experiments, shared_references(experiments))
+
+
+def load_study_file(path: Path | str, base_dir: Path | str = ".") -> Study:
+    return load_study(yaml.safe_load(Path(path).read_text()), base_dir)
+
+
+def check_main(argv: list[str] | None = None) -> int:
+    """`python -m shardlab check-config CONFIG`: validate a config file without running anything."""
+    parser = argparse.ArgumentParser(prog="shardlab check-config")
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--base-dir", type=Path, default=Path("."), help="where data paths are relative to")
+    args = parser.parse_args(argv)
+    try:
+        study = load_study_file(args.config, args.base_dir)
+    except ConfigError as err:
+        print(f"invalid: {err}", file=sys.stderr)
+        return 2
+    print(f"ok: {args.config} ({len(study.experiments)} experiments, {len(study.runs)} runs)")
+    return 0
+
+
+def write_settings_main(argv: list[str] | None = None) -> int:
+    """`python -m shardlab.study SETTINGS_JSON OUT`: save one experiment's resolved settings (workflow)."""
+    settings, out = argv if argv is not None else sys.argv[1:]
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(json.loads(settings), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(write_settings_main())
