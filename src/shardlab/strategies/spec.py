@@ -50,6 +50,10 @@ class StrategySpec:
     data_parallel_size: Callable[[int, dict], int] = whole_world  # ranks that split the global batch
     check_options: OptionCheck = no_checks
     zero: ZeroRung | None = None  # the ZeRO rung, for strategies on the ZeRO ladder
+    # How a layer's activations split over ranks at the same per-rank batch (costs.activations):
+    # "none" (whole on every rank), "tp" (Megatron TP), "tp_sp" (TP + sequence parallel, shard saved),
+    # "tp_sp_gathered" (TP + SP keeping the all-gathered column inputs, as DTensor does).
+    activation_split: str = "none"
 
     def options(self, exp: dict) -> dict:
         return exp.get("strategy_options", {}).get(self.name, {})
