@@ -12,9 +12,19 @@ if not workflow.overwrite_configfiles:
 
 
 include: "workflow/rules/common.smk"
+
+
+wildcard_constraints:
+    exp="[A-Za-z0-9_-]+",
+    strategy="[a-z0-9_]+",
+    model="[A-Za-z0-9_.-]+",
+    corpus="[A-Za-z0-9_.-]+",
+
+
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/run.smk"
 include: "workflow/rules/runs.smk"
+include: "workflow/rules/data_parallel.smk"
 include: "workflow/rules/zero.smk"
 include: "workflow/rules/tensor_parallel.smk"
 include: "workflow/rules/communication.smk"

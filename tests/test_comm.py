@@ -10,9 +10,13 @@ import pytest
 from conftest import TEST_EXPERIMENT
 from shardlab.costs.alpha_beta import AlphaBeta, fit_alpha_beta, fit_table, models_from_table
 from shardlab.costs.collectives import COLLECTIVES, bus_factor, busbw
-from shardlab.costs.comm_volume import ModelShape, StepShape, bytes_per_rank, comm_plan
-from shardlab.tables.communication import LINKS, MEASURED_LINK, projection_table, share_table, whatif_table
+from shardlab.costs.comm_volume import bytes_per_rank
+from shardlab.costs.network import LINKS, MEASURED_LINK
+from shardlab.costs.shapes import ModelShape, StepShape
 from shardlab.errors import ConfigError
+from shardlab.strategies import REGISTRY, get_spec
+from shardlab.tables import TableInputs
+from shardlab.tables.communication import build, projection_table
 
 # --- bus bandwidth (nccl-tests PERFORMANCE.md) --------------------------------------------------
 
@@ -91,114 +95,157 @@ def test_parameter_count_matches_hand_count_and_the_real_model():
     assert sum(p.numel() for p in real.parameters()) == PARAMS
 
 
+def plan(strategy: str, world: int, options: dict | None = None, step: StepShape = STEP):
+    """The strategy's plan from the registry, as the tables ask for it."""
+    return get_spec(strategy).comm_plan(TINY, step, world, options or {})
+
+
 def test_data_parallel_volume_is_one_gradient_all_reduce():
     for strategy in ("dp_naive", "dp_interleaved", "ddp", "zero0"):
-        (call,) = comm_plan(strategy, TINY, STEP, world=2)
+        (call,) = plan(strategy, world=2)
         assert (call.collective, call.size_bytes, call.count) == ("all_reduce", PARAMS * 4, 1)
     # Ring all-reduce: each rank's link carries 2(n-1)/n of the gradient bytes.
-    assert bytes_per_rank(comm_plan("ddp", TINY, STEP, 2)) == PARAMS * 4
-    assert bytes_per_rank(comm_plan("ddp", TINY, STEP, 4)) == PARAMS * 4 * 1.5
-    assert comm_plan("single", TINY, STEP, 1) == [] and bytes_per_rank([]) == 0
+    assert bytes_per_rank(plan("ddp", 2)) == PARAMS * 4
+    assert bytes_per_rank(plan("ddp", 4)) == PARAMS * 4 * 1.5
+    assert plan("single", 1) == [] and bytes_per_rank([]) == 0
 
 
 def test_zero_volumes_relative_to_dp():
-    dp = bytes_per_rank(comm_plan("dp_naive", TINY, STEP, 4))
-    for strategy in ("zero1", "zero2", "fsdp2_grad_op"):
-        assert bytes_per_rank(comm_plan(strategy, TINY, STEP, 4)) == pytest.approx(dp)  # RS + AG = AR
-    for strategy in ("zero3", "fsdp2_full"):
-        assert bytes_per_rank(comm_plan(strategy, TINY, STEP, 4)) == pytest.approx(1.5 * dp)
+    dp = bytes_per_rank(plan("dp_naive", 4))
+    for strategy in ("zero1", "zero2", "zero2_offload", "fsdp2_grad_op"):
+        assert bytes_per_rank(plan(strategy, 4)) == pytest.approx(dp)  # RS + AG = AR
+    for strategy in ("zero3", "zero3_offload", "fsdp2_full"):
+        assert bytes_per_rank(plan(strategy, 4)) == pytest.approx(1.5 * dp)
 
 
 def test_tensor_parallel_volume_per_layer():
     """Two all-reduces forward and two backward per layer, each of b*s*h fp32 elements."""
-    plan = comm_plan("tp", TINY, STEP, world=2)
+    tp = plan("tp", world=2)
     message = 8 * 32 * 64 * 4
-    assert {c.collective for c in plan} == {"all_reduce"} and {c.size_bytes for c in plan} == {message}
-    assert sum(c.count for c in plan) == 4 * 2  # 4 per layer, 2 layers
-    assert bytes_per_rank(plan) == 8 * message  # factor 2(n-1)/n = 1 on 2 ranks
+    assert {c.collective for c in tp} == {"all_reduce"} and {c.size_bytes for c in tp} == {message}
+    assert sum(c.count for c in tp) == 4 * 2  # 4 per layer, 2 layers
+    assert bytes_per_rank(tp) == 8 * message  # factor 2(n-1)/n = 1 on 2 ranks
     # SP: all-gather + reduce-scatter in place of each all-reduce, the same bus bytes.
-    assert bytes_per_rank(comm_plan("tp_sp", TINY, STEP, 2)) == bytes_per_rank(plan)
-    assert bytes_per_rank(comm_plan("tp_sp_dtensor", TINY, STEP, 4)) == bytes_per_rank(comm_plan("tp_dtensor", TINY, STEP, 4))
+    assert bytes_per_rank(plan("tp_sp", 2)) == bytes_per_rank(tp)
+    assert bytes_per_rank(plan("tp_sp_dtensor", 4)) == bytes_per_rank(plan("tp_dtensor", 4))
     # bf16 autocast halves activation traffic.
-    bf16 = StepShape(8, 32, None, 2)
-    assert bytes_per_rank(comm_plan("tp", TINY, bf16, 2)) == bytes_per_rank(plan) / 2
+    assert bytes_per_rank(plan("tp", 2, step=StepShape(8, 32, None, 2))) == bytes_per_rank(tp) / 2
 
 
-def test_pipeline_context_expert_and_hybrid_volumes():
+def test_pipeline_context_and_expert_volumes():
     # PP, 2 stages, 4 micro-batches of 2 rows: each rank sends or receives 4 activations and 4 gradients of 2*32*64*4.
-    pp = comm_plan("pp_1f1b", TINY, STEP, 2, {"n_microbatches": 4})
+    pp = plan("pp_1f1b", 2, {"n_microbatches": 4})
     assert bytes_per_rank(pp) == 8 * (2 * 32 * 64 * 4)
     # Ring attention on 2 ranks: per layer one K/V hop forward, two backward, of 2*8*16*64*4 bytes; plus DP.
-    cp = comm_plan("cp_ring", TINY, STEP, 2)
+    cp = plan("cp_ring", 2)
     assert bytes_per_rank(cp) == 2 * 3 * (2 * 8 * 16 * 64 * 4) + PARAMS * 4
-    # EP, top-1, 2 ranks: per layer 4 all-to-alls of the local 4*32*64*4 bytes (half crosses), dense grads all-reduced.
-    ep = comm_plan("ep_moe", TINY, STEP, 2)
+    # EP on 2 ranks with the MoE default top_k = 2: each of the local 4*32 tokens goes to 2 experts, so
+    # per layer 4 all-to-alls (dispatch + combine, forward + backward) of 4*32*64*4 * 2 bytes, half of which
+    # crosses to the other rank; the dense (non-expert) gradients are all-reduced.
+    ep = plan("ep_moe", 2)
     dense = PARAMS - 2 * ((64 * 256 + 256) + (256 * 64 + 64))
-    assert bytes_per_rank(ep) == 2 * 4 * (4 * 32 * 64 * 4) * 0.5 + dense * 4
-    # Hybrid FSDP(dp=2) x TP(tp=2): ZeRO-3 volume of half the parameters plus TP on a half batch.
-    hyb = comm_plan("hybrid", TINY, STEP, 4, {"dp": 2, "tp": 2})
-    assert bytes_per_rank(hyb) == pytest.approx(1.5 * PARAMS * 4 / 2 + 8 * (4 * 32 * 64 * 4))
+    assert bytes_per_rank(ep) == 2 * 4 * (4 * 32 * 64 * 4 * 2) * 0.5 + dense * 4
+    assert bytes_per_rank(plan("ep_moe", 2, {"top_k": 1})) == 2 * 4 * (4 * 32 * 64 * 4) * 0.5 + dense * 4
 
 
-def test_unknown_strategy_gives_no_plan():
-    assert comm_plan("warp_drive", TINY, STEP, 2) is None
+def test_hybrid_data_pipeline_volume_by_hand():
+    """dp=2 replicas of a 2-stage 1F1B pipeline on 4 ranks: each replica pipelines half the batch (4 rows)
+    in 4 micro-batches of 1 row, so the busiest rank sends or receives 4 activations and 4 gradients of
+    1*32*64*4 bytes; then each stage all-reduces its gradients over its dp peer (factor 1 on 2 ranks).
+    The largest stage is the second: layer 1 + final LayerNorm + head (66,496 parameters vs 66,368)."""
+    hybrid = plan("hybrid_dp_pp", 4, {"pp_size": 2, "n_microbatches": 4})
+    largest_stage = LAYER + 2 * 64 + 64 * 256
+    assert largest_stage == 66_496 and 256 * 64 + LAYER < largest_stage
+    sends = [c for c in hybrid if c.collective == "sendrecv"]
+    assert {c.size_bytes for c in sends} == {1 * 32 * 64 * 4} and sum(c.count for c in sends) == 8
+    (reduce,) = [c for c in hybrid if c.collective == "all_reduce"]
+    assert (reduce.size_bytes, reduce.group_size) == (largest_stage * 4, 2)
+    assert bytes_per_rank(hybrid) == 8 * (32 * 64 * 4) + largest_stage * 4
+
+
+def test_unknown_strategy_has_no_plan():
+    with pytest.raises(KeyError, match="unknown strategy 'warp_drive'"):
+        get_spec("warp_drive")
     assert bytes_per_rank(None) is None
 
 
-# --- share and what-if ---------------------------------------------------------------------------
+# --- share and what-if (the table builder on synthetic runs) ---------------------------------------
 
 
-def _tables():
-    exp = dict(TEST_EXPERIMENT, name="e")
+def _inputs() -> TableInputs:
+    """Experiment "e" (the tiny local model) and "hub" (a hub model with no record: its plans are unknown)."""
+    hub = dict(TEST_EXPERIMENT, name="hub", model={"name": "no-record", "source": "hub"})
     runs = pd.DataFrame([
         {"experiment": "e", "strategy": "single", "status": "ok", "world_size": 1, "step_time_median_s": 0.05},
         {"experiment": "e", "strategy": "dp_naive", "status": "ok", "world_size": 2, "step_time_median_s": 0.10,
          "comm_time_median_s": 0.04},
         {"experiment": "e", "strategy": "ddp", "status": "ok", "world_size": 2, "step_time_median_s": 0.08,
          "comm_time_median_s": math.nan},
-        {"experiment": "e", "strategy": "warp_drive", "status": "ok", "world_size": 2, "step_time_median_s": 0.2,
-         "comm_time_median_s": math.nan},
         {"experiment": "e", "strategy": "tp", "status": "oom", "world_size": 2},
+        {"experiment": "hub", "strategy": "ddp", "status": "ok", "world_size": 2, "step_time_median_s": 0.2,
+         "comm_time_median_s": math.nan},
     ])
-    fits = pd.DataFrame([{"collective": c, "alpha_s": 1e-4, "beta_GBps": 0.1, "status": "ok"} for c in COLLECTIVES])
-    return runs, {"e": exp}, fits
+    fits = pd.DataFrame([{"collective": c, "world_size": 2, "bus_factor": bus_factor(c, 2), "alpha_s": 1e-4,
+                          "beta_GBps": 0.1, "min_bytes": 1024, "max_bytes": 2**20, "status": "ok"}
+                         for c in COLLECTIVES])
+    return TableInputs(experiments={"e": dict(TEST_EXPERIMENT, name="e"), "hub": hub},
+                       tables={"runs": runs, "comm_fit": fits})
 
 
-def test_share_uses_measured_time_where_recorded_and_predicts_elsewhere(tmp_path):
-    runs, experiments, fits = _tables()
-    share = share_table(runs, experiments, fits, tmp_path).set_index("strategy")
-    assert list(share.index) == ["single", "dp_naive", "ddp", "warp_drive"]  # the OOM run has no step time
+def test_share_uses_measured_time_where_recorded_and_predicts_elsewhere():
+    share = build(_inputs())["comm_share"].set_index(["experiment", "strategy"])
+    assert list(share.index) == [("e", "single"), ("e", "dp_naive"), ("e", "ddp"), ("hub", "ddp")]  # no OOM step time
     predicted = 1e-4 + PARAMS * 4 / 0.1e9
-    assert share.loc["dp_naive", "comm_source"].startswith("measured")
-    assert share.loc["dp_naive", "comm_share"] == pytest.approx(0.4)
-    assert share.loc["dp_naive", "comm_predicted_s"] == pytest.approx(predicted)
-    assert share.loc["ddp", "comm_source"].startswith("predicted")
-    assert share.loc["ddp", "comm_share"] == pytest.approx(predicted / 0.08)
-    assert share.loc["single", "comm_source"].startswith("none") and share.loc["single", "comm_share"] == 0
-    assert share.loc["warp_drive", "comm_source"] == "unknown" and pd.isna(share.loc["warp_drive", "comm_share"])
+    naive, ddp = share.loc["e", "dp_naive"], share.loc["e", "ddp"]
+    assert naive["comm_source"].startswith("measured") and naive["comm_share"] == pytest.approx(0.4)
+    assert naive["comm_predicted_s"] == pytest.approx(predicted)
+    assert naive["predicted_share"] == pytest.approx(predicted / 0.10)
+    assert ddp["comm_source"].startswith("predicted") and ddp["comm_share"] == pytest.approx(predicted / 0.08)
+    assert ddp["predicted_share"] == pytest.approx(ddp["comm_share"])
+    single = share.loc["e", "single"]
+    assert single["comm_source"].startswith("none") and single["comm_share"] == 0
+    unknown = share.loc["hub", "ddp"]
+    assert unknown["comm_source"] == "unknown" and pd.isna(unknown["comm_share"]) and pd.isna(unknown["bytes_per_rank"])
 
 
-def test_whatif_faster_links_and_overlap_never_slow_a_step(tmp_path):
-    runs, experiments, fits = _tables()
-    share = share_table(runs, experiments, fits, tmp_path)
-    whatif = whatif_table(share, experiments, fits, tmp_path)
-    assert set(whatif["strategy"]) == {"single", "dp_naive", "ddp"}
+def test_volume_lists_each_runs_calls_and_marks_unknown_plans():
+    volume = build(_inputs())["comm_volume"]
+    naive = volume[(volume.experiment == "e") & (volume.strategy == "dp_naive")]
+    assert list(naive["plan"]) == ["known"] and float(naive["bus_bytes"].iloc[0]) == PARAMS * 4
+    assert list(volume[volume.experiment == "hub"]["plan"]) == ["unknown"]
+    assert (volume[volume.strategy == "single"]["plan"] == "unknown").sum() == 0  # an empty plan has no rows
+
+
+def test_whatif_faster_links_and_overlap_never_slow_a_step():
+    whatif = build(_inputs())["comm_whatif"]
+    assert set(whatif["strategy"]) == {"single", "dp_naive", "ddp"} and set(whatif["experiment"]) == {"e"}
     assert (whatif[whatif.strategy == "single"]["predicted_step_s"] == 0.05).all()  # no communication to swap
     assert set(whatif["link"]) == {MEASURED_LINK, *(link.name for link in LINKS)}
+    assert list(whatif.drop_duplicates("link").sort_values("link_order")["link"]) == [
+        MEASURED_LINK, *(link.name for link in LINKS)]
     for (_, overlap), group in whatif[whatif["link"] != MEASURED_LINK].groupby(["strategy", "overlap"]):
         steps = group.sort_values("bandwidth_GBps")["predicted_step_s"].to_numpy()
         assert np.all(np.diff(steps) <= 0)
     pivot = whatif.pivot_table(index=["strategy", "link"], columns="overlap", values="predicted_step_s")
     assert np.all(pivot["perfect"] <= pivot["none"])
-    # On this machine's own fit with measured compute, no overlap reproduces dp_naive's measured step when the fit
-    # predicts the measured communication: compute 0.06 s + the predicted 0.0054 s.
+    # On this machine's own fit, no overlap: dp_naive's measured compute 0.06 s + the predicted communication.
     naive = whatif[(whatif.strategy == "dp_naive") & (whatif.link == MEASURED_LINK) & (whatif.overlap == "none")]
     assert float(naive["predicted_step_s"].iloc[0]) == pytest.approx(0.06 + 1e-4 + PARAMS * 4 / 0.1e9)
+
+
+def test_fit_curve_spans_each_fit_and_follows_alpha_beta():
+    curve = build(_inputs())["comm_fit_curve"]
+    assert set(curve["collective"]) == set(COLLECTIVES)
+    reduce = curve[curve.collective == "all_reduce"]
+    assert reduce["size_bytes"].min() == pytest.approx(1024) and reduce["size_bytes"].max() == pytest.approx(2**20)
+    assert np.allclose(reduce["time_s"], 1e-4 + reduce["size_bytes"] * 1.0 / 0.1e9)
 
 
 def test_projection_at_the_study_scale():
     """Pythia-6.9B shape: ~6.86e9 parameters, so DDP all-reduces 2*(7/8)*4 bytes of each per step."""
     table = projection_table()
+    multi = {name for name, spec in REGISTRY.items() if not spec.single_process}
+    assert set(table["strategy"]) == multi and len(table) == len(multi) * len(LINKS)
     ddp = table[(table.strategy == "ddp")].set_index("link")
     params = ddp["bytes_per_rank"].iloc[0] / (4 * 2 * 7 / 8)
     assert 6.8e9 < params < 6.9e9
@@ -207,6 +254,11 @@ def test_projection_at_the_study_scale():
     zero3 = table[table.strategy == "zero3"]["bytes_per_rank"].iloc[0]
     assert zero3 == pytest.approx(1.5 * ddp["bytes_per_rank"].iloc[0])
     assert table["comm_s"].notna().all()
+    # Strategies with the same plan share a group, drawn once by its first member.
+    groups = table.drop_duplicates("strategy").set_index("strategy")
+    assert groups.loc["ddp", "plan_group"] == groups.loc["zero0", "plan_group"] != groups.loc["zero3", "plan_group"]
+    assert groups.loc["dp_naive", "group_representative"] and not groups.loc["ddp", "group_representative"]
+    assert groups.groupby("plan_group")["group_representative"].sum().eq(1).all()
 
 
 def test_alpha_beta_predicts_nothing_on_one_rank():

@@ -1,14 +1,18 @@
-"""Data-parallel strategies reproduce the single-device reference under real torchrun (2 ranks, gloo)."""
+"""Data-parallel strategies reproduce the single-device reference under real torchrun (2 ranks, gloo),
+and the data-parallel tables (throughput ratios, blocked communication per step) from synthetic runs."""
 
 import pytest
 
-from conftest import assert_losses_match
+from conftest import TEST_EXPERIMENT, assert_losses_match
 
-pytestmark = pytest.mark.torchrun
+from shardlab.strategies import REGISTRY, strategies_of
+from shardlab.tables import TableInputs
+from shardlab.tables.data_parallel import build
 
 DP_STRATEGIES = ["dp_naive", "dp_interleaved", "ddp"]
 
 
+@pytest.mark.torchrun
 @pytest.mark.parity
 @pytest.mark.parametrize("strategy", DP_STRATEGIES)
 def test_dp_losses_match_single_device(strategy, run_strategy, reference_losses):
@@ -21,6 +25,7 @@ def test_dp_losses_match_single_device(strategy, run_strategy, reference_losses)
     assert ranks[0]["param_bytes"] == ranks[1]["param_bytes"] == ranks[0]["grad_bytes"]
 
 
+@pytest.mark.torchrun
 @pytest.mark.parity
 def test_dp_with_gradient_accumulation_matches(run_strategy, reference_losses):
     """Two micro-batches per rank: sync only after the last one, same global-batch gradient."""
@@ -29,6 +34,7 @@ def test_dp_with_gradient_accumulation_matches(run_strategy, reference_losses):
     assert_losses_match([s["loss"] for s in steps], reference_losses)
 
 
+@pytest.mark.torchrun
 @pytest.mark.parity
 def test_parity_check_fails_without_gradient_averaging(run_strategy, reference_losses):
     """The comparison can fail: if ranks step on their local gradients, losses leave the reference."""
@@ -38,7 +44,57 @@ def test_parity_check_fails_without_gradient_averaging(run_strategy, reference_l
         assert_losses_match([s["loss"] for s in steps], reference_losses)
 
 
+@pytest.mark.torchrun
 def test_hand_written_dp_records_communication_time(run_strategy):
     summary, steps = run_strategy("dp_naive")
     assert summary["comm_time_median_s"] > 0
     assert all(s["comm_time_s"] is not None for s in steps)
+
+
+# --- the tables, from synthetic run summaries (no torchrun) ------------------------------------
+def _dp_summary(strategy: str, tokens_per_s: float | None, experiment: str = "test", status: str = "ok") -> dict:
+    """A run summary with its step records; only hand-written strategies time their communication."""
+    timed = REGISTRY[strategy].twin is not None
+    steps = [{"step": k, "loss": 5.0, "step_time_s": 0.2, "comm_time_s": 0.05 * (k + 1) if timed else None}
+             for k in range(TEST_EXPERIMENT["training"]["steps"])]
+    return {"experiment": experiment, "strategy": strategy, "status": status,
+            "world_size": 1 if REGISTRY[strategy].single_process else 2,
+            "tokens_per_s": tokens_per_s, "step_time_median_s": 0.2, "step_log": steps}
+
+
+def _build(summaries):
+    return build(TableInputs(summaries, {"test": TEST_EXPERIMENT, "science": dict(TEST_EXPERIMENT, name="science")}))
+
+
+def test_throughput_ratios_to_the_reference_and_the_twin():
+    rates = {"single": 100.0, "dp_naive": 120.0, "dp_interleaved": 150.0, "ddp": 160.0}
+    summaries = [_dp_summary(s, r) for s, r in rates.items()]
+    summaries += [_dp_summary("single", 100.0, "science"), _dp_summary("ddp", 50.0, "science")]
+    table = _build(summaries)["dp_throughput"].set_index(["experiment", "strategy"])
+    assert len(table) == len(summaries)  # reference runs are rows too
+    assert table.loc[("test", "ddp"), "ratio_to_reference"] == pytest.approx(1.6)
+    assert table.loc[("test", "single"), "ratio_to_reference"] == pytest.approx(1.0)
+    assert table.loc[("test", "dp_interleaved"), "ratio_to_twin"] == pytest.approx(150 / 160)
+    assert table.loc[("science", "ddp"), "ratio_to_reference"] == pytest.approx(0.5)
+
+
+def test_pairs_are_every_ordered_pair_of_finished_runs_in_one_experiment():
+    summaries = [_dp_summary("single", 100.0), _dp_summary("dp_naive", 120.0), _dp_summary("dp_interleaved", 150.0),
+                 _dp_summary("ddp", None, status="failed"), _dp_summary("ddp", 80.0, "science")]
+    pairs = _build(summaries)["dp_pairs"]
+    finished = [s for s in strategies_of("data_parallel") if s != "ddp"]
+    assert len(pairs) == len(finished) * (len(finished) - 1)  # no pair with the failed run, none across experiments
+    ratio = pairs.set_index(["strategy", "other"])["ratio"]
+    assert ratio[("dp_interleaved", "dp_naive")] == pytest.approx(1.25)
+    assert ratio[("dp_naive", "dp_interleaved")] == pytest.approx(0.8)
+    assert "single" not in set(pairs["strategy"]) | set(pairs["other"])  # the reference is not of this topic
+
+
+def test_comm_steps_hold_the_runs_that_record_communication():
+    summaries = [_dp_summary(s, 100.0) for s in ["single", *strategies_of("data_parallel")]]
+    comm = _build(summaries)["dp_comm_steps"]
+    assert set(comm["strategy"]) == {s for s in strategies_of("data_parallel") if REGISTRY[s].twin}
+    warmup = TEST_EXPERIMENT["training"]["warmup_steps"]
+    assert comm["timed"].tolist() == [k >= warmup for k in comm["step"]]
+    first = comm[comm["step"] == 0].iloc[0]
+    assert first["comm_fraction"] == pytest.approx(0.05 / 0.2)

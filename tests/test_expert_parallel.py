@@ -9,6 +9,8 @@ import torch
 from conftest import TEST_EXPERIMENT, assert_losses_match
 from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
+from shardlab.tables import TableInputs
+from shardlab.tables.context_expert import build
 from shardlab.strategies.expert_parallel.moe import MoEConfig, MoEMLP, capacity_plan, expert_capacity
 from shardlab.strategies.expert_parallel.options import MOE_DEFAULTS, check_moe_options
 
@@ -74,13 +76,13 @@ def _exp(**options):
 
 
 def test_config_checks_reject_bad_moe_settings():
-    check_moe_options(_exp(ep_moe={"num_experts": 4}, moe_single={"num_experts": 4}), "experiments.t.strategy_options.ep_moe")
+    check_moe_options(_exp(ep_moe={"num_experts": 4}, moe_single={"num_experts": 4}), "experiments.t.strategy_options.ep_moe", 2)
     with pytest.raises(ConfigError, match="num_experts.*3 experts cannot be split evenly over 2 ranks"):
-        check_moe_options(_exp(ep_moe={"num_experts": 3}, moe_single={"num_experts": 3}), "experiments.t.strategy_options.ep_moe")
+        check_moe_options(_exp(ep_moe={"num_experts": 3}, moe_single={"num_experts": 3}), "experiments.t.strategy_options.ep_moe", 2)
     with pytest.raises(ConfigError, match="top_k"):
-        check_moe_options(_exp(ep_moe={"top_k": 5}), "experiments.t.strategy_options.ep_moe")
+        check_moe_options(_exp(ep_moe={"top_k": 5}), "experiments.t.strategy_options.ep_moe", 2)
     with pytest.raises(ConfigError, match="must be the same model"):
-        check_moe_options(_exp(ep_moe={"capacity_factor": 2.0}), "experiments.t.strategy_options.ep_moe")
+        check_moe_options(_exp(ep_moe={"capacity_factor": 2.0}), "experiments.t.strategy_options.ep_moe", 2)
 
 
 @pytest.mark.parity
@@ -112,31 +114,23 @@ def test_ep_moe_matches_unsharded_moe(run_strategy):
     assert sharded["comm_time_median_s"] > 0
 
 
-def test_context_expert_tables_from_summaries(tmp_path):
+def test_context_expert_tables_from_summaries():
     """The report's tables: per-rank CP memory with the experiment's sequence length, per-expert load."""
-    import json
-
-    from shardlab.tables.context_expert import build_tables
-
-    def write(exp, strategy, summary, settings):
-        run = tmp_path / exp / "runs" / strategy
-        run.mkdir(parents=True)
-        (tmp_path / exp / "experiment.json").write_text(json.dumps(settings))
-        (run / "summary.json").write_text(json.dumps(dict(summary, experiment=exp, strategy=strategy)))
-        return run / "summary.json"
-
     settings = {"training": {"seq_len": 128, "global_batch_size": 8}}
-    paths = [
-        write("cp", "single", {"status": "ok", "tokens_per_s": 10.0, "ranks": [{"rank": 0, "activation_bytes": 100}]}, settings),
-        write("cp", "cp_ring", {"status": "ok", "tokens_per_s": 8.0, "ranks": [
-            {"rank": 0, "activation_bytes": 50, "cp_size": 2}, {"rank": 1, "activation_bytes": 51, "cp_size": 2}]}, settings),
-        write("moe", "ep_moe", {"status": "ok", "ranks": [
-            {"rank": r, "expert_routed": [[6, 2]], "expert_kept": [[4, 2]]} for r in (0, 1)]}, settings),
-        write("moe", "moe_single", {"status": "failed", "ranks": []}, settings),
+    summaries = [
+        {"experiment": "cp", "strategy": "single", "status": "ok", "tokens_per_s": 10.0,
+         "ranks": [{"rank": 0, "activation_bytes": 100}]},
+        {"experiment": "cp", "strategy": "cp_ring", "status": "ok", "tokens_per_s": 8.0, "ranks": [
+            {"rank": 0, "activation_bytes": 50, "cp_size": 2}, {"rank": 1, "activation_bytes": 51, "cp_size": 2}]},
+        {"experiment": "moe", "strategy": "ep_moe", "status": "ok", "world_size": 2, "ranks": [
+            {"rank": r, "expert_routed": [[6, 2]], "expert_kept": [[4, 2]]} for r in (0, 1)]},
+        {"experiment": "moe", "strategy": "moe_single", "status": "failed", "ranks": []},
     ]
-    tables = build_tables(paths)
+    tables = build(TableInputs(summaries=summaries, experiments={"cp": dict(settings, name="cp"),
+                                                                 "moe": dict(settings, name="moe")}))
     cp = tables["cp_memory"]
     assert cp[["strategy", "cp_size", "seq_len", "activation_bytes"]].values.tolist() == [
         ["single", 1, 128, 100], ["cp_ring", 2, 128, 50], ["cp_ring", 2, 128, 51]]
     load = tables["expert_load"]
     assert load[["expert", "routed", "kept", "dropped", "routed_share"]].values.tolist() == [[0, 6, 4, 2, 0.75], [1, 2, 2, 0, 0.25]]
+    assert load[["processed_share", "dropped_share"]].values.tolist() == [[0.5, 0.25], [0.25, 0.0]]

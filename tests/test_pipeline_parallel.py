@@ -14,11 +14,14 @@ import torch
 
 from conftest import TEST_EXPERIMENT, assert_losses_match
 from shardlab.config import deep_merge
+from shardlab.costs.bubble import theory_bubble_ratio, theory_idle_fraction
 from shardlab.errors import ConfigError
 from shardlab.strategies import get_spec
 from shardlab.strategies.pipeline_parallel.measure import LiveSavedBytes
 from shardlab.costs.shapes import stage_units
 from shardlab.strategies.pipeline_parallel.stages import NeoXStage
+from shardlab.tables import TableInputs
+from shardlab.tables.pipeline import build
 
 
 # --- no processes: the cut and the memory accounting -------------------------------------------
@@ -81,27 +84,23 @@ def test_live_saved_bytes_follow_the_schedule():
 ])
 def test_bad_pipeline_options_are_rejected(strategy, options, problem):
     exp = deep_merge(TEST_EXPERIMENT, {"strategy_options": {strategy: options}})
+    spec = get_spec(strategy)
     with pytest.raises(ConfigError, match=problem) as err:
-        get_spec(strategy).check_options(exp, f"experiments.test.strategy_options.{strategy}")
+        spec.check_options(exp, f"experiments.test.strategy_options.{strategy}", spec.world_size(exp))
     assert err.value.field.startswith(f"experiments.test.strategy_options.{strategy}")
 
 
-def test_pipeline_tables_add_theory_and_flag_the_bottleneck(tmp_path):
-    from shardlab.tables.pipeline import build_tables, theory_idle_fraction
-
+def test_pipeline_tables_add_theory_and_flag_the_bottleneck():
     assert theory_idle_fraction(2, 4) == pytest.approx(1 / 5)
     assert theory_idle_fraction(2, 4, v=2) == pytest.approx(1 / 9)
+    assert theory_bubble_ratio(2, 4, v=2) == pytest.approx(1 / 8)
     rank = {"pp_size": 2, "pp_virtual_stages": 1, "pp_n_microbatches": 4, "pp_step_span_s": 1.0,
             "pp_timeline": [["forward", 0, 0, 0.0, 0.1]]}
     ok = {"experiment": "e", "strategy": "pp_1f1b", "status": "ok", "ranks": [
         dict(rank, rank=0, pp_busy_s=0.6, pp_idle_fraction=0.4), dict(rank, rank=1, pp_busy_s=0.8, pp_idle_fraction=0.2)]}
     failed = {"experiment": "e", "strategy": "pp_gpipe", "status": "oom", "reason": "killed", "ranks": []}
-    ignored = {"experiment": "e", "strategy": "ddp", "status": "ok", "ranks": [{"rank": 0}]}
-    paths = []
-    for i, summary in enumerate([ok, failed, ignored]):
-        paths.append(tmp_path / f"{i}.json")
-        paths[-1].write_text(json.dumps(summary))
-    tables = build_tables(paths)
+    ignored = {"experiment": "e", "strategy": "ddp", "status": "ok", "ranks": [{"rank": 0}]}  # another topic
+    tables = build(TableInputs(summaries=[ok, failed, ignored]))
     pipe = tables["pipeline"]
     assert list(pipe["strategy"]) == ["pp_1f1b", "pp_1f1b", "pp_gpipe"]
     assert list(pipe["bottleneck"][:2]) == [False, True]
@@ -176,7 +175,7 @@ def test_bubble_near_theory_at_two_micro_batch_counts(strategy, run_strategy, ca
         assert summary["status"] == "ok", summary["reason"]
         bottleneck = max(summary["ranks"], key=lambda r: r["pp_busy_s"])
         p = bottleneck["pp_size"]
-        theory = (p - 1) / (m + p - 1)
+        theory = theory_idle_fraction(p, m)
         measured[m] = bottleneck["pp_idle_fraction"]
         with capsys.disabled():
             print(f"\n{strategy} m={m}: idle fraction per rank "

@@ -8,16 +8,20 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import TEST_TOKENS_PER_STEP, assert_within
 from shardlab.study import load_study_file
 from shardlab.tables.parity import tolerance
 from shardlab.core.data import TEXT_FORMATS, read_documents
+from shardlab.science import domains, measures
 from shardlab.science import evaluate as ev
+from shardlab.science.language_model import LanguageModel
 from shardlab.science.formats import BIOLOGY, CHEMISTRY, FORMATS, MATERIALS, parse_conditional
 from shardlab.core.splits import PARTS, part_of, rows_of_part, write_splits
-from shardlab.tables.science import run_rows, time_to_target
+from shardlab.tables import TableInputs
+from shardlab.tables.science import build, time_to_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,40 +144,40 @@ def test_malformed_rows_are_skipped_and_counted(tmp_path):
 # --- domain metrics on hand-made cases --------------------------------------------------------
 def test_smiles_validity_uniqueness_novelty():
     # "C1CC" has an unclosed ring, "xyz" is not SMILES, "" is empty; "OCC" is ethanol again.
-    quality = ev.smiles_quality(["CCO", "C1CC", "", "OCC", "xyz", "c1ccccc1", "CCO junk"], training={"CCO"})
+    quality = measures.smiles_quality(["CCO", "C1CC", "", "OCC", "xyz", "c1ccccc1", "CCO junk"], training={"CCO"})
     assert quality["validity"] == pytest.approx(3 / 7)  # "CCO junk" is not one molecule
     assert quality["uniqueness"] == pytest.approx(2 / 3)
     assert quality["novelty"] == pytest.approx(1 / 2)  # benzene is new, ethanol is not
-    assert math.isnan(ev.smiles_quality(["C1CC"], set())["uniqueness"])
+    assert math.isnan(measures.smiles_quality(["C1CC"], set())["uniqueness"])
 
 
 def test_esol_orders_known_solubilities_and_spearman():
-    ethanol, benzene, anthracene = ev.esol_logs("CCO"), ev.esol_logs("c1ccccc1"), ev.esol_logs("c1ccc2cc3ccccc3cc2c1")
+    ethanol, benzene, anthracene = measures.esol_logs("CCO"), measures.esol_logs("c1ccccc1"), measures.esol_logs("c1ccc2cc3ccccc3cc2c1")
     assert ethanol > benzene > anthracene  # measured logS: 1.1 > -1.6 > -6.4
-    assert ev.esol_logs("not smiles") is None
-    assert ev.spearman([1, 2, 3, 4], [10, 20, 25, 100]) == pytest.approx(1.0)
-    assert ev.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    assert math.isnan(ev.spearman([1, 1, 1], [1, 2, 3]))
+    assert measures.esol_logs("not smiles") is None
+    assert measures.spearman([1, 2, 3, 4], [10, 20, 25, 100]) == pytest.approx(1.0)
+    assert measures.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(measures.spearman([1, 1, 1], [1, 2, 3]))
 
 
 def test_classification_accuracy_and_majority_baseline():
     scores = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.5, 0.1, 0.4], [0.2, 0.2, 0.6]]))
-    assert ev.accuracy_from_scores(scores, ["a", "b", "c"], ["a", "b", "c", "c"]) == pytest.approx(0.75)
-    assert ev.majority_accuracy(["c", "c", "a"], ["a", "b", "c", "c"]) == ("c", pytest.approx(0.5))
+    assert measures.accuracy_from_scores(scores, ["a", "b", "c"], ["a", "b", "c", "c"]) == pytest.approx(0.75)
+    assert measures.majority_accuracy(["c", "c", "a"], ["a", "b", "c", "c"]) == ("c", pytest.approx(0.5))
 
 
 def test_band_gap_posterior_median_and_mae():
     candidates = [0.0, 0.5, 1.0, 1.5]
     certain = np.log(np.array([[1e-9, 1.0, 1e-9, 1e-9], [1e-9, 1e-9, 1e-9, 1.0]]))
-    assert list(ev.posterior_median(certain, candidates)) == [0.5, 1.5]
+    assert list(measures.posterior_median(certain, candidates)) == [0.5, 1.5]
     split = np.log(np.array([[0.3, 0.1, 0.1, 0.5]]))  # cdf 0.3, 0.4, 0.5 -> median at 1.0
-    assert list(ev.posterior_median(split, candidates)) == [1.0]
-    assert ev.mean_absolute_error([0.5, 1.5], [1.0, 1.0]) == pytest.approx(0.5)
+    assert list(measures.posterior_median(split, candidates)) == [1.0]
+    assert measures.mean_absolute_error([0.5, 1.5], [1.0, 1.0]) == pytest.approx(0.5)
 
 
 def test_unigram_baselines():
-    assert ev.unigram_perplexity(["ACGT" * 10], ["GATTACA"]) == pytest.approx(4.0)
-    samples = ev.unigram_samples(["CCO", "CCCC"], 20, seed=0)
+    assert measures.unigram_perplexity(["ACGT" * 10], ["GATTACA"]) == pytest.approx(4.0)
+    samples = measures.unigram_samples(["CCO", "CCCC"], 20, seed=0)
     assert len(samples) == 20 and set("".join(samples)) <= set("CO") and {len(s) for s in samples} <= {3, 4}
 
 
@@ -190,7 +194,7 @@ def tiny_biology_lm(tmp_path_factory):
     build_local_model({"vocab_size": 320, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
                        "intermediate_size": 64, "max_position_embeddings": 64}, root / "model")
     fit_tokenizer(docs, 320).save_pretrained(root / "model")
-    return ev.LanguageModel(root / "model", batch_size=3), root / "splits"
+    return LanguageModel(root / "model", batch_size=3), root / "splits"
 
 
 def test_scores_split_tag_and_body_exactly(tiny_biology_lm):
@@ -210,29 +214,56 @@ def test_scores_split_tag_and_body_exactly(tiny_biology_lm):
 
 def test_biology_evaluation_rows_on_a_random_model(tiny_biology_lm):
     lm, splits = tiny_biology_lm
-    rows = {r["metric"]: r for r in ev.evaluate_biology(lm, BIOLOGY, splits, {"max_examples": 12}, seed=0)}
+    rows = {r["metric"]: r for r in domains.evaluate_biology(lm, BIOLOGY, splits, {"max_examples": 12}, seed=0)}
     assert rows["class_accuracy"]["n"] == 12 and 0 <= rows["class_accuracy"]["value"] <= 1
     assert rows["class_accuracy"]["baseline_name"] == "majority class 'c'"
     assert rows["residue_perplexity"]["value"] > 1 and 15 < rows["residue_perplexity"]["baseline"] < 21
 
 
 # --- tables -------------------------------------------------------------------------------------
-def test_time_to_target_and_run_rows(tmp_path):
+def _science_inputs() -> TableInputs:
+    """A materials experiment with two finished runs and one out of memory, its evaluation table, and a
+    non-science experiment the builder must leave out."""
+    exp = {"name": "science_materials", "strategies": ["single", "ddp", "fsdp2_full"], "data": {"format": "mp_gap"},
+           "training": {"steps": 2}}
+    other = {"name": "plain", "strategies": ["single"], "data": {"format": "smiles"}, "training": {"steps": 2}}
+    summaries = [{"experiment": "plain", "strategy": "single", "status": "ok", "final_val_loss": 1.0,
+                  "step_log": [{"step": 0, "elapsed_s": 1.0, "val_loss": 1.0}]},
+                 {"experiment": "science_materials", "strategy": "fsdp2_full", "status": "oom",
+                  "reason": "rank 0: OutOfMemoryError", "ranks": [], "step_log": []}]
+    for strategy, losses in (("single", [4.0, 3.0]), ("ddp", [3.8, 2.5])):
+        summaries.append({"experiment": "science_materials", "strategy": strategy, "status": "ok", "world_size": 2,
+                          "final_val_loss": losses[-1], "tokens_per_s": 10.0,
+                          "ranks": [{"peak_bytes": 5}, {"peak_bytes": 7}],
+                          "step_log": [{"step": i, "elapsed_s": i + 1.0, "val_loss": v} for i, v in enumerate(losses)]})
+    metrics = pd.DataFrame([{"experiment": "science_materials", "strategy": "single", "run_status": "ok",
+                             "domain": "materials", "test_set": "test", "metric": "gap_mae_eV", "value": 1.0,
+                             "baseline": 1.2, "baseline_name": "training mean", "n": 10, "note": ""}])
+    return TableInputs(summaries, {"science_materials": exp, "plain": other}, {},
+                       {"science_metrics.science_materials": metrics})
+
+
+def test_time_to_target_and_the_science_tables():
     assert time_to_target([(1.0, 5.0), (2.0, 3.9), (3.0, 3.5)], 4.0) == 2.0
     assert time_to_target([(1.0, 5.0)], 4.0) is None
-    exp = {"name": "science_materials", "strategies": ["single", "ddp"], "data": {"format": "mp_gap"}}
-    for strategy, losses in (("single", [4.0, 3.0]), ("ddp", [3.8, 2.5])):
-        run = tmp_path / strategy
-        run.mkdir()
-        (run / "summary.json").write_text(json.dumps({"status": "ok", "final_val_loss": losses[-1], "tokens_per_s": 10.0,
-                                                     "ranks": [{"peak_bytes": 5}, {"peak_bytes": 7}]}))
-        (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": i, "elapsed_s": i + 1.0, "val_loss": v})
-                                                     for i, v in enumerate(losses)))
-    runs, curves = run_rows(exp, tmp_path)
-    by = {r["strategy"]: r for r in runs}
-    assert by["ddp"]["target_val_loss"] == 3.0  # the worst final loss: every run reaches it
-    assert by["single"]["time_to_target_s"] == 2.0 and by["ddp"]["time_to_target_s"] == 2.0
-    assert by["ddp"]["peak_bytes_max_rank"] == 7 and by["ddp"]["domain"] == "materials" and len(curves) == 4
+    tables = build(_science_inputs())
+    runs = tables["science_runs"].set_index("strategy")
+    assert list(runs.index) == ["single", "ddp", "fsdp2_full"] and set(tables["science_runs"]["experiment"]) == {
+        "science_materials"}  # the experiment's order; the non-science experiment is left out
+    assert (runs["target_val_loss"] == 3.0).all()  # the worst final loss: every finished run reaches it
+    assert runs.loc["single", "time_to_target_s"] == 2.0 and runs.loc["ddp", "time_to_target_s"] == 2.0
+    assert pd.isna(runs.loc["fsdp2_full", "time_to_target_s"]) and runs.loc["fsdp2_full", "status"] == "oom"
+    assert runs.loc["ddp", "peak_bytes_max_rank"] == 7 and runs.loc["ddp", "domain"] == "materials"
+    assert runs.loc["ddp", "steps"] == 2 and pd.isna(runs.loc["fsdp2_full", "steps"])
+    curves = tables["science_curves"]
+    assert len(curves) == 4 and list(curves[curves.strategy == "ddp"]["step"]) == [1, 2]
+    assert list(tables["science_metrics"].columns) == ev.COLUMNS and len(tables["science_metrics"]) == 1
+
+
+def test_science_tables_without_evaluations_keep_their_columns():
+    inputs = _science_inputs()
+    inputs.tables.clear()
+    assert list(build(inputs)["science_metrics"].columns) == ev.COLUMNS
 
 
 # --- the trained model leaves the run (real torchrun) --------------------------------------------

@@ -10,15 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from conftest import TEST_EXPERIMENT, assert_losses_match, assert_within, launch_test_run
 
-from shardlab.costs.activations import (COMPONENTS, component_of, comparison_rows, korthikanti_per_layer,
-                                       korthikanti_total)
+from shardlab.costs.activations import (COMPONENTS, SPLITS, component_of, comparison_rows, korthikanti_per_layer,
+                                       korthikanti_total, paper_mode, this_model_per_layer)
 from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
+from shardlab.strategies import REGISTRY, strategies_of
+from shardlab.tables import TableInputs
 from shardlab.tables.parity import tolerance
+from shardlab.tables.tensor_parallel import TWIN_GOAL, build, probed_micro_batch
 
 TP_STRATEGIES = ["tp", "tp_sp", "tp_dtensor", "tp_sp_dtensor"]
 WORKER = Path(__file__).with_name("tp_parity_worker.py")
@@ -128,7 +132,8 @@ def test_activation_bytes_per_component_match_formulas(strategy, tp_runs):
             "a": model["num_heads"], "n_layers": model["num_layers"]}
     summary, _ = tp_runs[strategy]
     for rank in summary["ranks"]:
-        rows = comparison_rows(strategy, rank["activation_by_module"], dims, t=summary["world_size"])
+        rows = comparison_rows(REGISTRY[strategy].activation_split, rank["activation_by_module"], dims,
+                               t=summary["world_size"])
         for row in rows:
             if row["model_formula_bytes"] == 0:
                 assert row["measured_bytes"] == 0, row
@@ -158,38 +163,22 @@ def test_module_names_map_to_components():
 
 
 def test_tp_config_rejects_unknown_option():
-    from shardlab.strategies import REGISTRY
-
     exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"strategy_options": {"tp_dtensor": {"parallel_cross_entropy": True}}})
     with pytest.raises(ConfigError, match="strategy_options.tp_dtensor.parallel_cross_entropy"):
-        REGISTRY["tp_dtensor"].check_options(exp, "experiments.test.strategy_options.tp_dtensor")
+        REGISTRY["tp_dtensor"].check(exp, "experiments.test")
 
 
 def test_tp_config_rejects_heads_not_divisible():
-    from shardlab.strategies import REGISTRY
-
     exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"model": {"num_heads": 2}, "launch": {"world_size": 4}})
     with pytest.raises(ConfigError, match="model.num_heads"):
-        REGISTRY["tp"].check_options(exp, "experiments.test.strategy_options.tp")
+        REGISTRY["tp"].check(exp, "experiments.test")
 
 
 @pytest.mark.torchrun
-def test_tp_component_table_from_run_summaries(tp_runs, tiny_assets, tmp_path):
-    """The workflow's table tool reads the runs' summaries and finds the same agreement."""
-    import pandas as pd
-
-    from shardlab.tables.tensor_parallel import main as tp_tables
-
-    summaries = []
-    for strategy in ["single", "tp_sp"]:
-        run = tmp_path / "exp" / "runs" / strategy
-        run.mkdir(parents=True)
-        (run / "summary.json").write_text(json.dumps(tp_runs[strategy][0]))
-        summaries.append(str(run / "summary.json"))
-    (tmp_path / "exp" / "experiment.json").write_text(json.dumps(TEST_EXPERIMENT))
-    out = tmp_path / "tp_activation_components.csv"
-    tp_tables(["--out", str(out), *summaries])
-    table = pd.read_csv(out)
+def test_tp_component_table_from_run_summaries(tp_runs):
+    """The workflow's table builder reads the runs' summaries and finds the same agreement."""
+    inputs = TableInputs([tp_runs[s][0] for s in ["single", "tp_sp"]], {TEST_EXPERIMENT["name"]: TEST_EXPERIMENT})
+    table = build(inputs)["tp_activation_components"]
     assert set(table["strategy"]) == {"single", "tp_sp"}
     assert len(table) == len(COMPONENTS) * (1 + 2)  # single: one rank; tp_sp: two
     layer_norm = table[(table["component"] == "layernorm") & (table["rank"] == 0)].set_index("strategy")
@@ -198,7 +187,7 @@ def test_tp_component_table_from_run_summaries(tp_runs, tiny_assets, tmp_path):
 
 @pytest.mark.torchrun
 def test_tp_inference_matches_single_device_with_half_the_cache(tiny_assets, tmp_path):
-    import pandas as pd
+    from shardlab.bench.inference import benchmarked_strategy
 
     exp_path = tmp_path / "exp.json"
     exp_path.write_text(json.dumps(TEST_EXPERIMENT))
@@ -208,8 +197,112 @@ def test_tp_inference_matches_single_device_with_half_the_cache(tiny_assets, tmp
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     table = pd.read_csv(out)
-    single, tp = table[table["mode"] == "single"].iloc[0], table[table["mode"] == "tp"]
+    strategy = benchmarked_strategy()
+    single = table[table["mode"] == REGISTRY[strategy].reference].iloc[0]
+    tp = table[table["mode"] == strategy]
+    assert set(table["experiment"]) == {TEST_EXPERIMENT["name"]}
     assert list(tp["status"]) == ["ok", "ok"], tp["reason"].tolist()
     assert tp["matches_single"].all()  # greedy tokens identical to the single device's
     assert (tp["kv_cache_bytes"] == single["kv_cache_bytes"] // 2).all()  # each rank caches its own heads
     assert (tp["param_bytes"] < single["param_bytes"]).all()
+
+
+# --- the tables, from synthetic run summaries (no torchrun) ------------------------------------
+LAYER_MODULES = {"layernorm": "input_layernorm", "qkv": "attention.query_key_value", "attention_core": "attention",
+                 "attention_projection": "attention.dense", "mlp": "mlp"}
+
+
+def _probe_saw(per_layer: dict[str, float], n_layers: int) -> dict[str, int]:
+    """An `activation_by_module` whose layers saved exactly `per_layer` bytes per component."""
+    return {f"gpt_neox.layers.{i}.{module}": int(per_layer[c]) for i in range(n_layers)
+            for c, module in LAYER_MODULES.items()} | {"gpt_neox.embed_in": 12345}
+
+
+def _tp_summary(strategy: str, world: int, tokens_per_s: float, exp: dict = TEST_EXPERIMENT) -> dict:
+    model, training = exp["model"], exp["training"]
+    split = REGISTRY[strategy].activation_split
+    t = world if split != "none" else 1
+    per_layer = this_model_per_layer(training["seq_len"], training["global_batch_size"], model["hidden_size"],
+                                     model["num_heads"], t, paper_mode(split),
+                                     gathered_inputs_saved=split == "tp_sp_gathered")
+    ranks = [{"rank": r, "activation_by_module": _probe_saw(per_layer, model["num_layers"])} for r in range(world)]
+    return {"experiment": exp["name"], "strategy": strategy, "status": "ok", "world_size": world,
+            "tokens_per_s": tokens_per_s, "step_time_median_s": 1 / tokens_per_s, "ranks": ranks}
+
+
+def test_every_strategy_names_a_known_activation_split():
+    assert {spec.activation_split for spec in REGISTRY.values()} <= set(SPLITS)
+    with pytest.raises(ValueError, match="unknown activation split"):
+        paper_mode("tp_sideways")
+
+
+def test_gathered_sequence_parallel_inputs_break_the_papers_qkv_and_mlp_split():
+    dims = {"s": 32, "b": 8, "h": 64, "a": 4, "n_layers": 2}
+    shard = {r["component"]: r for r in comparison_rows("tp_sp", {}, dims, t=2)}
+    gathered = {r["component"]: r for r in comparison_rows("tp_sp_gathered", {}, dims, t=2)}
+    assert shard["qkv"]["mode"] == gathered["qkv"]["mode"] == "tp_sp"
+    assert gathered["qkv"]["model_formula_bytes"] == 2 * shard["qkv"]["model_formula_bytes"]
+    assert shard["qkv"]["paper_assumptions_hold"] and not gathered["qkv"]["paper_assumptions_hold"]
+    assert {r["tp"] for r in comparison_rows("none", {}, dims, t=2)} == {1}  # no TP: the degree is 1
+
+
+def test_probed_micro_batch_follows_the_registry_data_parallel_size():
+    exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"training": {"micro_batch_size": 2}})
+    gbs = TEST_EXPERIMENT["training"]["global_batch_size"]
+    assert probed_micro_batch(TEST_EXPERIMENT, "tp", 2) == gbs  # TP ranks see the whole batch
+    assert probed_micro_batch(TEST_EXPERIMENT, "ddp", 2) == gbs // 2
+    assert probed_micro_batch(exp, "ddp", 2) == 2
+
+
+def test_activation_table_matches_the_formula_the_probe_followed():
+    names = ["single", *strategies_of("tensor_parallel")]
+    inputs = TableInputs([_tp_summary(s, 1 if s == "single" else 2, 100.0) for s in names],
+                         {TEST_EXPERIMENT["name"]: TEST_EXPERIMENT})
+    tables = build(inputs)
+    comp = tables["tp_activation_components"]
+    assert len(comp) == len(COMPONENTS) * (1 + 2 * (len(names) - 1))
+    assert (comp["b"] == TEST_EXPERIMENT["training"]["global_batch_size"]).all()
+    matched = comp[comp["model_formula_bytes"] > 0]
+    assert matched["measured_over_model"].tolist() == pytest.approx([1.0] * len(matched))
+    assert set(comp["activation_split"]) == {REGISTRY[s].activation_split for s in names}
+    totals = tables["tp_activation_totals"].set_index(["strategy", "rank"])
+    single, tp = totals.loc[("single", 0), "measured_bytes"], totals.loc[("tp", 1), "measured_bytes"]
+    assert tp < single  # embedding bytes are outside the layers and not counted
+    assert totals["measured_bytes"].tolist() == pytest.approx(totals["model_formula_bytes"].tolist())
+
+
+def test_twins_table_compares_each_hand_written_strategy_with_its_twin():
+    rates = {"single": 100.0, "tp": 96.0, "tp_dtensor": 100.0, "tp_sp": 50.0, "tp_sp_dtensor": 100.0}
+    summaries = [_tp_summary(s, 1 if s == "single" else 2, r) for s, r in rates.items()]
+    summaries.append({"experiment": "x", "strategy": "tp", "status": "failed", "ranks": []})
+    tables = build(TableInputs(summaries, {"test": TEST_EXPERIMENT, "x": TEST_EXPERIMENT}))
+    twins = tables["tp_twins"].set_index(["experiment", "strategy"])
+    assert twins.loc[("test", "tp"), "ratio_to_twin"] == pytest.approx(0.96)
+    assert bool(twins.loc[("test", "tp"), "goal_met"]) and not bool(twins.loc[("test", "tp_sp"), "goal_met"])
+    assert (twins["goal_ratio"] == TWIN_GOAL).all()
+    assert pd.isna(twins.loc[("x", "tp"), "ratio_to_twin"])  # a failed run has no throughput to compare
+    throughput = tables["tp_throughput"].set_index(["experiment", "strategy"])
+    assert throughput.loc[("test", "tp_sp"), "ratio_to_reference"] == pytest.approx(0.5)
+
+
+def test_memory_categories_pick_runs_with_the_same_model_and_training():
+    other_training = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"name": "other", "training": {"lr": 0.1}})
+    experiments = {"test": TEST_EXPERIMENT, "peer": dict(TEST_EXPERIMENT, name="peer"), "other": other_training}
+    runs = {"test": ["single", "tp"], "peer": ["single", "ddp", "moe_single", "ep_moe"], "other": ["ddp", "zero3"]}
+    ranks = pd.DataFrame([{"experiment": e, "strategy": s, "status": "ok", "rank": r, "param_bytes": 10.0 * (r + 1),
+                           "grad_bytes": 1.0, "optimizer_bytes": 2.0, "activation_bytes": 3.0}
+                          for e, names in runs.items() for s in names for r in range(2)])
+    summaries = [_tp_summary("single", 1, 1.0), _tp_summary("tp", 2, 1.0)]
+    memory = build(TableInputs(summaries, experiments, tables={"ranks": ranks}))["tp_memory_categories"]
+    # the reference first, then the peer's parallel runs checked against the same reference, then TP;
+    # not the peer's single (shown), nor its mixture of experts (another model), nor other settings
+    assert list(zip(memory["experiment"], memory["strategy"])) == [("test", "single"), ("peer", "ddp"), ("test", "tp")]
+    assert (memory["param_bytes"] == 15.0).all() and (memory["ranks"] == 2).all()
+    assert (memory["tp_experiment"] == "test").all()
+
+
+def test_inference_benchmarks_the_hand_written_tensor_parallel_strategy():
+    from shardlab.bench.inference import benchmarked_strategy
+
+    spec = REGISTRY[benchmarked_strategy()]
+    assert spec.topic == "tensor_parallel" and spec.twin is not None and spec.activation_split == "tp"

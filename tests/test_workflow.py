@@ -84,7 +84,7 @@ def test_crash_is_recorded_with_reason(tiny_assets, tmp_path):
 def test_hub_model_offline_gives_a_clear_error(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     spec = json.dumps({"name": "pythia-160m", "source": "hub", "hub_id": "EleutherAI/pythia-160m"})
-    proc = subprocess.run([sys.executable, "-m", "shardlab.core.model", "--model-json", spec, "--out", str(tmp_path / "m")],
+    proc = subprocess.run([sys.executable, "-m", "shardlab", "prepare-model", "--model-json", spec, "--out", str(tmp_path / "m")],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 1
     assert "could not download 'EleutherAI/pythia-160m'" in proc.stderr

@@ -20,7 +20,7 @@ import shardlab.science.formats  # noqa: F401  (registers the science text forma
 from shardlab.config import check_settings, load_schema, resolve_experiment, validate_against_schema
 from shardlab.core.data import TEXT_FORMATS
 from shardlab.errors import ConfigError
-from shardlab.strategies import REGISTRY, get_spec
+from shardlab.strategies import REGISTRY, SINGLE, get_spec
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _check_unique_names(experiments: dict[str, dict]) -> None:
 
 
 def shared_references(experiments: dict[str, dict]) -> dict[str, str]:
-    """{experiment: earlier experiment} for each `single` run identical to an earlier one's.
+    """{experiment: earlier experiment} for each single-device reference run identical to an earlier one's.
 
     Same model, data, training, launch and evaluation settings give the same deterministic
     single-device run and the same saved model, so the workflow runs it once and shares it.
@@ -88,10 +88,10 @@ def shared_references(experiments: dict[str, dict]) -> dict[str, str]:
     first: dict[str, str] = {}
     shared: dict[str, str] = {}
     for name, exp in experiments.items():
-        if "single" not in exp.get("strategies", []):
+        if SINGLE.name not in exp.get("strategies", []):
             continue
         settings = {k: exp.get(k) for k in ("model", "data", "training", "launch", "evaluation")}
-        settings["options"] = exp.get("strategy_options", {}).get("single")
+        settings["options"] = exp.get("strategy_options", {}).get(SINGLE.name)
         key = json.dumps(settings, sort_keys=True)
         if key in first:
             shared[name] = first[key]

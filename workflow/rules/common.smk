@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from shardlab.errors import ConfigError
+from shardlab.strategies import SINGLE
 from shardlab.study import load_study
 
 validate(config, "../schemas/config.schema.yaml")
@@ -64,7 +65,7 @@ def code(*modules):
 
 
 def topic_inputs(topic, metrics=False):
-    """What a topic's table rule reads: its runs (and their references) from the registry, those
+    """The inputs of a topic's tables, i.e. its runs (and their references) from the registry, those
     experiments' settings and model records, and the table code."""
     runs = STUDY.runs_of(topic)
     experiments = STUDY.experiments_of(topic)
@@ -90,10 +91,3 @@ def table_args(input):
 
 # Tables the report reads; rule files of other topics extend this list.
 REPORT_INPUTS = []
-
-
-wildcard_constraints:
-    exp="[A-Za-z0-9_-]+",
-    strategy="[a-z0-9_]+",
-    model="[A-Za-z0-9_.-]+",
-    corpus="[A-Za-z0-9_.-]+",

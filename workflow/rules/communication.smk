@@ -1,20 +1,17 @@
-# Communication analysis (issue 7): one collective benchmark job (torchrun) with its alpha-beta
-# fit, then each run's communication volume, share of step time and what-if step times.
+# Communication (issue 7): one collective benchmark job (torchrun) with its alpha-beta fit, then
+# each run's communication plan (from the registry), its share of step time, what-if step times
+# per network link, the plans at the study's scale, and the fit curves. Logic:
+# shardlab.bench.comm (benchmark), shardlab.tables.communication (tables), shardlab.costs.network.
 
-COMM_BENCH_TABLES = [
-    f"{RESULTS}/tables/{name}.csv" for name in ("comm_bench", "comm_fit")
-]
-COMM_MODEL_TABLES = [
-    f"{RESULTS}/tables/{name}.csv"
-    for name in ("comm_volume", "comm_share", "comm_whatif", "comm_projection")
-]
+COMM_BENCH_TABLES = table_files("comm_bench", "comm_fit")
+COMMUNICATION_TABLES = table_files(
+    "comm_volume", "comm_share", "comm_whatif", "comm_projection", "comm_fit_curve"
+)
 
 
 rule comm_bench:
     input:
-        code=[
-            f"src/shardlab/{m}.py" for m in ("bench/comm", "costs/alpha_beta", "costs/collectives")
-        ],
+        code=code("bench/comm", "costs/alpha_beta", "costs/collectives"),
     output:
         bench=COMM_BENCH_TABLES[0],
         fit=COMM_BENCH_TABLES[1],
@@ -31,24 +28,31 @@ rule comm_bench:
         " --bench-out {output.bench} --fit-out {output.fit} > {log} 2>&1"
 
 
-rule comm_share:
+# Every run of the study: the registry gives each strategy's plan, runs.csv its times.
+rule communication_tables:
     input:
-        runs=f"{RESULTS}/tables/runs.csv",
-        fit=COMM_BENCH_TABLES[1],
-        experiments=[f"{RESULTS}/{exp}/experiment.json" for exp in EXPERIMENTS],
-        code=[f"src/shardlab/{m}.py" for m in ("costs/comm_volume", "tables/communication", "costs/alpha_beta")],
+        tables=[*table_files("runs"), COMM_BENCH_TABLES[1]],
+        experiments=[settings_file(exp) for exp in EXPERIMENTS],
+        models=sorted({model_record(exp) for exp in EXPERIMENTS}),
+        code=code(
+            "tables/__init__",
+            "tables/communication",
+            "costs/comm_volume",
+            "costs/network",
+            "costs/alpha_beta",
+            "costs/shapes",
+        ),
     output:
-        COMM_MODEL_TABLES,
+        COMMUNICATION_TABLES,
     log:
-        f"{RESULTS}/logs/comm_share.log",
+        f"{RESULTS}/logs/communication_tables.log",
     conda:
         ENV
     params:
         out=lambda w, output: os.path.dirname(output[0]),
-        resources=RESOURCES,
+        args=lambda w, input: table_args(input),
     shell:
-        "python -m shardlab.tables.communication --runs {input.runs} --fit {input.fit} --experiments {input.experiments}"
-        " --resources {params.resources} --out-dir {params.out} > {log} 2>&1"
+        "python -m shardlab tables communication --out-dir {params.out} {params.args} > {log} 2>&1"
 
 
-REPORT_INPUTS.extend(COMM_BENCH_TABLES + COMM_MODEL_TABLES)
+REPORT_INPUTS.extend(COMM_BENCH_TABLES + COMMUNICATION_TABLES)

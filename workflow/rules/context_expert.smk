@@ -1,26 +1,28 @@
-# Context- and expert-parallel tables: activation memory vs sequence length, per-expert load.
-# Reads every run of the experiments that contain cp_ring, moe_single or ep_moe.
+# Context and expert parallelism: activation memory vs sequence length (and vs the reference), the
+# load per expert, and the MoE runs beside the dense runs with the same settings.
+# Logic: shardlab.tables.context_expert.
 
-CONTEXT_EXPERT_STRATEGIES = ("cp_ring", "moe_single", "ep_moe")
-CONTEXT_EXPERT_EXPERIMENTS = sorted(
-    {exp for exp, s in RUNS if s in CONTEXT_EXPERT_STRATEGIES}
+CONTEXT_EXPERT_TABLES = table_files(
+    "cp_memory",
+    "cp_activation",
+    "cp_activation_ratio",
+    "expert_load",
+    "expert_load_shares",
+    "moe_dense",
 )
-CONTEXT_EXPERT_TABLES = [
-    f"{RESULTS}/tables/{name}.csv" for name in ("cp_memory", "expert_load")
-]
+
+
+# The topic's runs, plus every experiment's settings: the builder looks among them for the
+# experiments whose model, data and training match a MoE experiment (its dense comparison).
+CONTEXT_EXPERT_INPUTS = topic_inputs("context_expert") | {
+    "experiments": [settings_file(e) for e in EXPERIMENTS]
+}
 
 
 rule context_expert_tables:
     input:
-        summaries=[
-            f"{run_dir(exp, s)}/summary.json"
-            for exp, s in RUNS
-            if exp in CONTEXT_EXPERT_EXPERIMENTS
-        ],
-        settings=[
-            f"{RESULTS}/{exp}/experiment.json" for exp in CONTEXT_EXPERT_EXPERIMENTS
-        ],
-        code="src/shardlab/tables/context_expert.py",
+        **CONTEXT_EXPERT_INPUTS,
+        tables=table_files("runs", "ranks"),
     output:
         CONTEXT_EXPERT_TABLES,
     log:
@@ -29,9 +31,10 @@ rule context_expert_tables:
         ENV
     params:
         out=lambda w, output: os.path.dirname(output[0]),
+        args=lambda w, input: table_args(input),
     shell:
-        "python -m shardlab.tables.context_expert --out-dir {params.out} {input.summaries} > {log} 2>&1"
+        "python -m shardlab tables context_expert --out-dir {params.out} {params.args} > {log} 2>&1"
 
 
-if CONTEXT_EXPERT_EXPERIMENTS:
+if STUDY.experiments_of("context_expert"):
     REPORT_INPUTS.extend(CONTEXT_EXPERT_TABLES)

@@ -1,21 +1,19 @@
-# Pipeline-parallel tables: bubble (measured vs theory) and per-stage memory, one op timeline per run.
-# Reads every run of the experiments that contain a pipeline strategy (and their single reference).
+# Pipeline parallelism: bubble (measured vs theory), per-stage memory, one op timeline per run, and
+# the dp x pp hybrid beside its single pipeline. Logic: shardlab.tables.pipeline.
 
-PIPELINE_STRATEGIES = ("pp_gpipe", "pp_1f1b", "pp_interleaved", "hybrid_dp_pp")
-PIPELINE_EXPERIMENTS = sorted({exp for exp, s in RUNS if s in PIPELINE_STRATEGIES})
-PIPELINE_TABLES = [
-    f"{RESULTS}/tables/{name}.csv" for name in ("pipeline", "pipeline_timeline")
-]
+PIPELINE_TABLES = table_files(
+    "pipeline",
+    "pipeline_timeline",
+    "pipeline_theory",
+    "pipeline_memory",
+    "pipeline_hybrid",
+)
 
 
 rule pipeline_tables:
     input:
-        summaries=[
-            f"{run_dir(exp, s)}/summary.json"
-            for exp, s in RUNS
-            if s in PIPELINE_STRATEGIES
-        ],
-        code="src/shardlab/tables/pipeline.py",
+        **topic_inputs("pipeline"),
+        cost_models=code("costs/bubble"),
     output:
         PIPELINE_TABLES,
     log:
@@ -24,9 +22,10 @@ rule pipeline_tables:
         ENV
     params:
         out=lambda w, output: os.path.dirname(output[0]),
+        args=lambda w, input: table_args(input),
     shell:
-        "python -m shardlab.tables.pipeline --out-dir {params.out} {input.summaries} > {log} 2>&1"
+        "python -m shardlab tables pipeline --out-dir {params.out} {params.args} > {log} 2>&1"
 
 
-if PIPELINE_EXPERIMENTS:
+if STUDY.experiments_of("pipeline"):
     REPORT_INPUTS.extend(PIPELINE_TABLES)

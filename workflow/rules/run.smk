@@ -45,13 +45,13 @@ ruleorder: share_reference > run_strategy
 
 rule share_reference:
     input:
-        summary=lambda w: f"{run_dir(SHARED_REFERENCE[w.exp], 'single')}/summary.json",
-        metrics=lambda w: f"{run_dir(SHARED_REFERENCE[w.exp], 'single')}/metrics.jsonl",
+        summary=lambda w: f"{run_dir(SHARED_REFERENCE[w.exp], SINGLE.name)}/summary.json",
+        metrics=lambda w: f"{run_dir(SHARED_REFERENCE[w.exp], SINGLE.name)}/metrics.jsonl",
     output:
-        summary=f"{RESULTS}/{{exp}}/runs/single/summary.json",
-        metrics=f"{RESULTS}/{{exp}}/runs/single/metrics.jsonl",
+        summary=f"{RESULTS}/{{exp}}/runs/{SINGLE.name}/summary.json",
+        metrics=f"{RESULTS}/{{exp}}/runs/{SINGLE.name}/metrics.jsonl",
     log:
-        f"{RESULTS}/{{exp}}/logs/single.log",
+        f"{RESULTS}/{{exp}}/logs/{SINGLE.name}.log",
     wildcard_constraints:
         exp="|".join(SHARED_REFERENCE) or "(?!)",
     conda:

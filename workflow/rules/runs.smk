@@ -1,7 +1,9 @@
 # Stage 4: every run's summary and step log -> the tidy tables of the report's main sections
 # (runs, steps, ranks, activations, parity). Logic: shardlab.tables.runs.
 
-RUNS_TABLES = table_files("runs", "steps", "ranks", "activations", "parity")
+RUNS_TABLES = table_files(
+    "runs", "steps", "ranks", "activations", "parity", "environments", "experiments"
+)
 
 
 rule runs_tables:

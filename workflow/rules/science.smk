@@ -1,18 +1,34 @@
 # Science cases (issue 6): deterministic data splits, domain evaluation of each run's saved model
-# (training.save_model), and the tables of the report's science section. Logic: shardlab.science.
+# (training.save_model), and the tables of the report's science section. Science experiments are
+# those whose data format is a science format. Logic: shardlab.core.splits, shardlab.science.evaluate,
+# shardlab.tables.science.
 from shardlab.science.formats import FORMATS as SCIENCE_FORMATS
 
 SCIENCE_EXPERIMENTS = [
     n for n, e in EXPERIMENTS.items() if e["data"]["format"] in SCIENCE_FORMATS
 ]
-SCIENCE_TABLES = [
-    f"{RESULTS}/tables/science_{name}.csv" for name in ("runs", "curves", "metrics")
-]
+SCIENCE_TABLES = table_files("science_runs", "science_curves", "science_metrics")
+
+
+# An experiment's evaluation, named after it: TableInputs keys tables by file stem.
+SCIENCE_METRICS = f"{RESULTS}/{{exp}}/science_metrics.{{exp}}.csv"
+SCIENCE_RUNS = [(e, s) for e, s in RUNS if e in SCIENCE_EXPERIMENTS]
+# What science_tables reads (cf. topic_inputs): the science experiments' runs with their step logs,
+# their settings and evaluations, and the table code.
+SCIENCE_INPUTS = {
+    "summaries": [f"{run_dir(e, s)}/summary.json" for e, s in SCIENCE_RUNS],
+    "metrics": [f"{run_dir(e, s)}/metrics.jsonl" for e, s in SCIENCE_RUNS],
+    "experiments": [settings_file(e) for e in SCIENCE_EXPERIMENTS],
+    "tables": [SCIENCE_METRICS.format(exp=e) for e in SCIENCE_EXPERIMENTS],
+    "code": code(
+        "tables/__init__", "tables/science", "science/formats", "science/evaluate"
+    ),
+}
 
 
 rule science_splits:
     input:
-        settings=f"{RESULTS}/{{exp}}/experiment.json",
+        settings=settings_file("{exp}"),
         source=lambda w: EXPERIMENTS[w.exp]["data"]["path"],
     output:
         manifest=f"{RESULTS}/{{exp}}/splits/manifest.json",
@@ -32,11 +48,17 @@ rule science_splits:
 
 rule science_evaluate:
     input:
-        settings=f"{RESULTS}/{{exp}}/experiment.json",
+        settings=settings_file("{exp}"),
         splits=f"{RESULTS}/{{exp}}/splits/manifest.json",
         summaries=lambda w: run_files(w.exp, "summary.json"),
+        code=code(
+            "science/evaluate",
+            "science/domains",
+            "science/measures",
+            "science/language_model",
+        ),
     output:
-        f"{RESULTS}/{{exp}}/science_metrics.csv",
+        SCIENCE_METRICS,
     log:
         f"{RESULTS}/{{exp}}/logs/science_evaluate.log",
     wildcard_constraints:
@@ -54,11 +76,7 @@ rule science_evaluate:
 
 rule science_tables:
     input:
-        settings=[f"{RESULTS}/{exp}/experiment.json" for exp in SCIENCE_EXPERIMENTS],
-        metrics=[f"{RESULTS}/{exp}/science_metrics.csv" for exp in SCIENCE_EXPERIMENTS],
-        steps=[
-            f for exp in SCIENCE_EXPERIMENTS for f in run_files(exp, "metrics.jsonl")
-        ],
+        **SCIENCE_INPUTS,
     output:
         SCIENCE_TABLES,
     log:
@@ -67,11 +85,9 @@ rule science_tables:
         ENV
     params:
         out=lambda w, output: os.path.dirname(output[0]),
-        # results/<exp>/experiment.json -> results
-        results=lambda w, input: os.path.dirname(os.path.dirname(input.settings[0])),
+        args=lambda w, input: table_args(input),
     shell:
-        "python -m shardlab.tables.science --results {params.results} --out-dir {params.out}"
-        " --experiments {input.settings} --metrics {input.metrics} > {log} 2>&1"
+        "python -m shardlab tables science --out-dir {params.out} {params.args} > {log} 2>&1"
 
 
 if SCIENCE_EXPERIMENTS:

@@ -1,54 +1,54 @@
 # Tensor/sequence parallelism (issue 4): activation memory by component vs the Korthikanti formulas,
-# and the TP inference benchmark (greedy generation with KV cache, single device vs hand-written tp) on
-# the model of the first experiment that has a TP run.
+# throughput against the production twins, memory per rank by category beside the runs of other
+# experiments with the same model and training settings (logic: shardlab.tables.tensor_parallel),
+# and the TP inference benchmark (greedy generation with KV cache, single device vs the registry's
+# hand-written TP strategy; shardlab.bench.inference) on the model of the first experiment that has
+# a TP run.
 
-TP_STRATEGIES = ("single", "tp", "tp_sp", "tp_dtensor", "tp_sp_dtensor")
-TP_EXPERIMENTS = sorted({exp for exp, s in RUNS if s in TP_STRATEGIES[1:]})
-TP_TABLES = [
-    f"{RESULTS}/tables/{name}.csv"
-    for name in ("tp_activation_components", "tp_inference")
-]
+TP_TABLES = table_files(
+    "tp_activation_components",
+    "tp_activation_totals",
+    "tp_throughput",
+    "tp_twins",
+    "tp_memory_categories",
+)
+TP_INFERENCE = table_files("tp_inference")
+TP_EXPERIMENTS = STUDY.experiments_of("tensor_parallel")
+TP_INPUTS = topic_inputs("tensor_parallel")
+# Every experiment's settings: the memory comparison looks for the ones with the TP experiment's
+# model and training settings.
+TP_INPUTS["experiments"] = [settings_file(exp) for exp in EXPERIMENTS]
 
 
-rule tp_activation_components:
+rule tensor_parallel_tables:
     input:
-        summaries=[
-            f"{run_dir(exp, s)}/summary.json"
-            for exp, s in RUNS
-            if exp in TP_EXPERIMENTS and s in TP_STRATEGIES
-        ],
-        settings=[f"{RESULTS}/{exp}/experiment.json" for exp in TP_EXPERIMENTS],
-        models=[
-            f"{model_dir(EXPERIMENTS[exp]['model']['name'])}/shardlab_model.json"
-            for exp in TP_EXPERIMENTS
-        ],
-        code=["src/shardlab/tables/tensor_parallel.py", "src/shardlab/costs/activations.py"],
+        **TP_INPUTS,
+        tables=table_files("ranks"),
+        cost_models=code("costs/activations", "costs/shapes", "tables/data_parallel"),
     output:
-        f"{RESULTS}/tables/tp_activation_components.csv",
+        TP_TABLES,
     log:
-        f"{RESULTS}/logs/tp_activation_components.log",
+        f"{RESULTS}/logs/tensor_parallel_tables.log",
     conda:
         ENV
     params:
-        # resources/models/<name>/shardlab_model.json -> resources/models
-        models_dir=lambda w, input: os.path.dirname(os.path.dirname(input.models[0])),
+        out=lambda w, output: os.path.dirname(output[0]),
+        args=lambda w, input: table_args(input),
     shell:
-        "python -m shardlab.tables.tensor_parallel --models-dir {params.models_dir} --out {output} {input.summaries} > {log} 2>&1"
+        "python -m shardlab tables tensor_parallel --out-dir {params.out} {params.args} > {log} 2>&1"
 
 
 rule tp_inference:
     input:
-        settings=[f"{RESULTS}/{exp}/experiment.json" for exp in TP_EXPERIMENTS[:1]],
-        model=[
-            f"{model_dir(EXPERIMENTS[exp]['model']['name'])}/shardlab_model.json"
-            for exp in TP_EXPERIMENTS[:1]
-        ],
-        code=[
-            "src/shardlab/bench/inference.py",
-            "src/shardlab/strategies/tensor_parallel/tensor_parallel.py",
-        ],
+        settings=[settings_file(exp) for exp in TP_EXPERIMENTS[:1]],
+        model=[model_record(exp) for exp in TP_EXPERIMENTS[:1]],
+        code=code(
+            "bench/inference",
+            "strategies/tensor_parallel/__init__",
+            "strategies/tensor_parallel/tensor_parallel",
+        ),
     output:
-        f"{RESULTS}/tables/tp_inference.csv",
+        TP_INFERENCE,
     log:
         f"{RESULTS}/logs/tp_inference.log",
     conda:
@@ -63,4 +63,4 @@ rule tp_inference:
 
 
 if TP_EXPERIMENTS:
-    REPORT_INPUTS.extend(TP_TABLES)
+    REPORT_INPUTS.extend(TP_TABLES + TP_INFERENCE)

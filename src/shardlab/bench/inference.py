@@ -1,12 +1,17 @@
-"""Tensor-parallel inference benchmark: greedy generation with a KV cache, single device vs `tp`.
+"""Tensor-parallel inference benchmark: greedy generation with a KV cache, single device vs the
+hand-written tensor-parallel strategy.
 
     python -m shardlab.bench.inference --experiment-config results/E/experiment.json --model-dir M --out tp_inference.csv
 
 runs the single-device benchmark in this process, then the same generation under `torchrun` with the
-hand-written TP model (this module with `--worker`), and writes one row per (mode, rank): tokens/s,
-KV-cache bytes held by the rank, and whether the generated tokens equal the single device's. Under TP
-each rank caches only its own heads' keys and values, so the cache per rank should be 1/t.
+model wrapped by the benchmarked strategy (this module with `--worker`), and writes one row per
+(mode, rank): tokens/s, KV-cache bytes held by the rank, and whether the generated tokens equal the
+single device's. `mode` is the strategy's name, or its registry reference for the single device.
+Under TP each rank caches only its own heads' keys and values, so the cache per rank should be 1/t.
 A failed TP launch becomes a row with status 'failed' and its reason (failure is data).
+
+The strategy benchmarked comes from the registry (`benchmarked_strategy`): the hand-written one (it
+has a production twin) that splits activations as plain tensor parallelism does.
 """
 
 from __future__ import annotations
@@ -24,8 +29,15 @@ from pathlib import Path
 
 import torch
 
-FIELDS = ["mode", "tp", "rank", "status", "reason", "batch", "prompt_len", "new_tokens", "tokens_per_s",
-          "latency_s", "kv_cache_bytes", "param_bytes", "matches_single"]
+FIELDS = ["experiment", "model", "mode", "tp", "rank", "status", "reason", "batch", "prompt_len", "new_tokens",
+          "tokens_per_s", "latency_s", "kv_cache_bytes", "param_bytes", "matches_single"]
+
+
+def benchmarked_strategy() -> str:
+    """The hand-written tensor-parallel strategy without sequence parallelism, from the registry."""
+    from shardlab.strategies import REGISTRY
+
+    return next(name for name, spec in REGISTRY.items() if spec.twin and spec.activation_split == "tp")
 
 
 def prompt_ids(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) -> torch.Tensor:
@@ -59,15 +71,14 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     from shardlab.core.model import load_model
-    from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
     from shardlab.core.topology import init_topology, shutdown
+    from shardlab.strategies import get_spec
 
     exp = json.loads(args.experiment_config.read_text())
     topo = init_topology(exp["launch"])
     try:
-        model = load_model(args.model_dir).to(topo.device)
-        group = topo.mesh(tp=topo.world_size).get_group("tp")
-        parallelize_neox(model, group, sequence_parallel=False)
+        # The strategy wraps the model as in training; no options: generation needs whole logits.
+        model = get_spec(args.strategy).load()(load_model(args.model_dir), topo, exp["training"], {}).model
         prompt = prompt_ids(model.config.vocab_size, args.batch, args.prompt_len).to(topo.device)
         result = benchmark(model, prompt, args.new_tokens, args.repeats)
         result["rank"] = topo.rank
@@ -80,7 +91,8 @@ def worker(args) -> None:
 
 
 def _row(mode: str, tp: int, rank: int, args, result: dict | None, reference: list | None, reason: str = "") -> dict:
-    row = {"mode": mode, "tp": tp, "rank": rank, "status": "ok" if result else "failed", "reason": reason,
+    row = {"experiment": args.experiment, "model": args.model, "mode": mode, "tp": tp, "rank": rank,
+           "status": "ok" if result else "failed", "reason": reason,
            "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens}
     if result:
         row.update({k: result[k] for k in ("tokens_per_s", "latency_s", "kv_cache_bytes", "param_bytes")})
@@ -93,6 +105,7 @@ def run_tp(args, tp: int) -> tuple[list | None, str]:
         out = Path(tmp) / "tp.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
                "-m", "shardlab.bench.inference", "--worker", "--worker-out", str(out),
+               "--strategy", args.strategy,
                "--experiment-config", str(args.experiment_config), "--model-dir", str(args.model_dir),
                "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
                "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
@@ -109,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--experiment-config", type=Path, required=True)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--strategy", default=None, help="strategy to benchmark (default: benchmarked_strategy())")
     parser.add_argument("--tp", type=int, default=None, help="TP degree (default: the experiment's launch.world_size)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=16)
@@ -118,23 +132,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.strategy = args.strategy or benchmarked_strategy()
     if args.worker:
         return worker(args)
 
     from shardlab.core.model import load_model
+    from shardlab.strategies import get_spec
 
     exp = json.loads(args.experiment_config.read_text())
+    args.experiment, args.model = exp["name"], exp["model"]["name"]
+    single_mode = get_spec(args.strategy).reference
     tp = args.tp or int(exp["launch"]["world_size"])
     torch.set_num_threads(exp["launch"].get("threads_per_rank", 1))  # same threads as one TP rank
     model = load_model(args.model_dir)
     single = benchmark(model, prompt_ids(model.config.vocab_size, args.batch, args.prompt_len),
                        args.new_tokens, args.repeats)
-    rows = [_row("single", 1, 0, args, single, None)]
+    rows = [_row(single_mode, 1, 0, args, single, None)]
     results, reason = run_tp(args, tp)
     if results is None:
-        rows.append(_row("tp", tp, 0, args, None, None, reason))
+        rows.append(_row(args.strategy, tp, 0, args, None, None, reason))
     else:
-        rows += [_row("tp", tp, r["rank"], args, r, single["sequences"]) for r in results]
+        rows += [_row(args.strategy, tp, r["rank"], args, r, single["sequences"]) for r in results]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)

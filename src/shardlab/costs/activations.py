@@ -114,25 +114,35 @@ def this_model_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str =
 # Components whose assumptions hold in this model, so the paper's formula (with fp32 values) applies.
 MATCHING_COMPONENTS = ["qkv", "attention_projection", "mlp"]
 
-MODE_OF_STRATEGY = {"single": "none", "ddp": "none", "dp_naive": "none", "dp_interleaved": "none",
-                    "tp": "tp", "tp_dtensor": "tp", "tp_sp": "tp_sp", "tp_sp_dtensor": "tp_sp"}
+# A strategy's `activation_split` (registry) -> how it splits a layer's activations:
+# the paper's mode ("none", "tp", "tp_sp") and whether SP keeps the gathered column inputs whole.
+SPLITS = ("none", "tp", "tp_sp", "tp_sp_gathered")
 
 
-def comparison_rows(strategy: str, activation_by_module: dict[str, int], dims: dict, t: int) -> list[dict]:
+def paper_mode(split: str) -> str:
+    """The Korthikanti et al. mode of an activation split: 'tp_sp_gathered' is still TP+SP there."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown activation split {split!r} (known: {', '.join(SPLITS)})")
+    return "tp_sp" if split.startswith("tp_sp") else split
+
+
+def comparison_rows(split: str, activation_by_module: dict[str, int], dims: dict, t: int) -> list[dict]:
     """One row per component: measured vs the paper (fp32-scaled) vs this model's formula.
 
-    dims: s, b (the probed micro-batch on this rank), h, a, n_layers."""
-    mode = MODE_OF_STRATEGY.get(strategy, "none")
+    split: the strategy's `activation_split`; dims: s, b (the probed micro-batch on this rank), h, a,
+    n_layers; t: the run's world size (the TP degree when the split is not 'none')."""
+    mode = paper_mode(split)
     t = t if mode != "none" else 1
     s, b, h, a = dims["s"], dims["b"], dims["h"], dims["a"]
     measured = measured_per_layer(activation_by_module, dims["n_layers"])
     paper = korthikanti_per_layer(s, b, h, a, t, mode, value_bytes=4, mask_bytes=1)
-    gathered_inputs_saved = strategy.endswith("_dtensor")
+    gathered_inputs_saved = split == "tp_sp_gathered"
     ours = this_model_per_layer(s, b, h, a, t, mode, gathered_inputs_saved=gathered_inputs_saved)
-    holds = [c for c in MATCHING_COMPONENTS if not (mode == "tp_sp" and gathered_inputs_saved and c in ("qkv", "mlp"))]
+    # Kept whole, the gathered inputs of the column layers break the paper's TP+SP split of qkv and mlp.
+    holds = [c for c in MATCHING_COMPONENTS if not (gathered_inputs_saved and c in ("qkv", "mlp"))]
     rows = []
     for component in COMPONENTS:
-        rows.append({"strategy": strategy, "mode": mode, "tp": t, "component": component,
+        rows.append({"mode": mode, "tp": t, "component": component,
                      "measured_bytes": measured[component], "paper_formula_bytes": paper[component],
                      "model_formula_bytes": ours[component],
                      "paper_assumptions_hold": component in holds})

@@ -44,3 +44,10 @@ def save_chart(chart: alt.TopLevelMixin, name: str) -> alt.TopLevelMixin:
     chart.save(str(FIGURES / f"{name}.svg"))
     chart.save(str(FIGURES / f"{name}.png"))  # scale 2 costs ~0.8 s per chart, scale 1 ~0.1 s
     return chart
+
+
+def show_table(frame, floatfmt: str = ".4g") -> None:
+    """A table as markdown in the rendered report (column names must not contain '|')."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(frame.to_markdown(index=False, floatfmt=floatfmt)))

@@ -28,7 +28,7 @@ TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "conte
 
 @dataclass
 class TableInputs:
-    """What a topic's rule declared, read: run summaries (with their step records when given), resolved
+    """What a topic's rule declared, read: run summaries (their step records under `step_log` when given), resolved
     experiment settings by name, model records (`shardlab_model.json`) by name, and other tables."""
 
     summaries: list[dict] = field(default_factory=list)
@@ -42,7 +42,7 @@ class TableInputs:
             raise ValueError(f"{len(metrics)} step logs for {len(summaries)} run summaries: give one per run, same order")
         runs = [json.loads(Path(p).read_text()) for p in summaries]
         for run, steps in zip(runs, metrics):
-            run["steps"] = [json.loads(line) for line in Path(steps).read_text().splitlines() if line.strip()]
+            run["step_log"] = [json.loads(line) for line in Path(steps).read_text().splitlines() if line.strip()]
         return cls(runs, {e["name"]: e for e in map(_read_json, experiments)},
                    {m["name"]: m for m in map(_read_json, models)},
                    {Path(p).stem: pd.read_csv(p) for p in tables})

@@ -80,8 +80,8 @@ def parity_rows(summaries: list[dict], experiments: dict[str, dict]) -> pd.DataF
         training = experiments[s["experiment"]]["training"] if s["experiment"] in experiments else {}
         row = {"experiment": s["experiment"], "strategy": s["strategy"], "topic": spec.topic, "family": spec.family,
                "reference": spec.reference, "status": s["status"], "dtype": training.get("dtype")}
-        mine = {r["step"]: r["loss"] for r in s.get("steps", [])}
-        ref = {r["step"]: r["loss"] for r in reference.get("steps", [])}
+        mine = {r["step"]: r["loss"] for r in s.get("step_log", [])}
+        ref = {r["step"]: r["loss"] for r in reference.get("step_log", [])}
         common = sorted(set(mine) & set(ref))
         if s["status"] == "ok" and reference["status"] == "ok" and common and training:
             losses = [ref[k] for k in common]

@@ -7,6 +7,8 @@
 - activations: one row per run rank module (bytes saved for backward)
 - parity: one row per parallel run: its largest loss deviation from its reference run (same
   experiment) against the float32 rounding tolerance of `tables.parity`
+- environments: the distinct software/hardware environments the finished runs ran in
+- experiments: one row per experiment: model, parameters, steps, tokens per step, finished runs
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], li
     summary = dict(summary)
     key = {k: summary.get(k) for k in RUN_KEYS}
     ranks = summary.pop("ranks", []) or []
-    steps = summary.pop("steps", [])
+    steps = summary.pop("step_log", [])
     spec = REGISTRY.get(summary.get("strategy"))
     run = dict(_scalars(summary), topic=spec and spec.topic, reference=spec and spec.reference)
     predicted = predicted_states(summary, inputs)
@@ -65,6 +67,30 @@ def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], li
         rank_rows.append(dict(key, **_scalars(rank), **(predicted[i] if i < len(predicted) else {})))
         activation_rows += [dict(key, rank=rank["rank"], module=m, bytes=b) for m, b in by_module.items()]
     return run, [dict(key, **s) for s in steps], rank_rows, activation_rows
+
+
+ENVIRONMENT = ("device_type", "device_name", "backend", "world_size", "threads_per_rank", "torch", "transformers",
+               "python", "git_commit")
+
+
+def _ok(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[runs["status"] == "ok"] if "status" in runs else runs
+
+
+def environments(runs: pd.DataFrame) -> pd.DataFrame:
+    ok = _ok(runs)
+    cols = [f"environment.{c}" for c in ENVIRONMENT if f"environment.{c}" in ok]
+    return ok[cols].drop_duplicates().rename(columns=lambda c: c.removeprefix("environment."))
+
+
+def experiments(runs: pd.DataFrame) -> pd.DataFrame:
+    ok = _ok(runs)
+    if ok.empty:
+        return pd.DataFrame(columns=["experiment", "model", "parameters", "steps", "tokens_per_step", "runs"])
+    return ok.groupby("experiment", sort=False).agg(
+        model=("model.name", "first"), parameters=("model.parameters", "first"), steps=("steps", "first"),
+        tokens_per_step=("tokens_per_step", "first"), config_hash=("config_hash", "first"),
+        runs=("strategy", "count")).reset_index()
 
 
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
@@ -82,6 +108,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         "activations": pd.DataFrame(activations, columns=[*RUN_KEYS, "rank", "module", "bytes"]),
     }
     tables["parity"] = parity_rows(inputs.summaries, inputs.experiments)
+    tables["environments"] = environments(tables["runs"])
+    tables["experiments"] = experiments(tables["runs"])
     ok = int((tables["runs"]["status"] == "ok").sum()) if len(runs) else 0
     print(f"aggregated {len(runs)} runs ({ok} ok, {len(runs) - ok} failed/oom)")
     return tables

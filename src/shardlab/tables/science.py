@@ -1,24 +1,36 @@
-"""Science runs and domain metrics -> the tidy tables the report's science section reads.
+"""Science runs and domain metrics -> the tables of the report's science section.
 
-- science_curves.csv: one row per validation point (experiment, domain, strategy, step, elapsed_s, val_loss)
-- science_runs.csv:   one row per run (status, tokens/s, step time, peak memory, final validation
-                      loss, time to the domain's target validation loss)
-- science_metrics.csv: the evaluators' rows, concatenated
+Science experiments are those whose data format is a science format (`shardlab.science.formats.FORMATS`);
+the rule declares their runs (summaries with step logs), their settings and each one's domain
+evaluation (`science_metrics.<experiment>.csv`, from `shardlab.science.evaluate`).
+
+- science_curves: one row per validation point (experiment, domain, strategy, step, elapsed_s, val_loss)
+- science_runs: one row per run (status, tokens/s, step time, peak memory, final validation loss,
+  the domain's target validation loss and the time each run took to reach it)
+- science_metrics: the evaluators' rows, concatenated
 """
 
 from __future__ import annotations
 
-import csv
-import json
-from pathlib import Path
+import pandas as pd
 
+from shardlab.science.evaluate import COLUMNS as METRIC_COLUMNS
 from shardlab.science.formats import FORMATS
+from shardlab.tables import TableInputs
+
+RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_size", "steps", "tokens_per_s",
+               "step_time_median_s", "peak_bytes_max_rank", "peak_kind", "final_val_loss", "target_val_loss",
+               "time_to_target_s"]
+CURVE_COLUMNS = ["experiment", "domain", "strategy", "step", "elapsed_s", "val_loss"]
 
 
-def read_steps(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def is_science(exp: dict) -> bool:
+    return exp["data"]["format"] in FORMATS
+
+
+def metrics_table_name(experiment: str) -> str:
+    """The stem of an experiment's evaluation table (rule science_evaluate), as TableInputs keys it."""
+    return f"science_metrics.{experiment}"
 
 
 def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
@@ -26,28 +38,39 @@ def time_to_target(curve: list[tuple[float, float]], target: float) -> float | N
     return next((t for t, loss in curve if loss <= target), None)
 
 
-def run_rows(exp: dict, runs_dir: Path) -> tuple[list[dict], list[dict]]:
+def validation_points(summary: dict) -> list[dict]:
+    return [r for r in summary.get("step_log") or [] if r.get("val_loss") is not None]
+
+
+def run_row(exp: dict, domain: str, summary: dict) -> dict:
+    ranks = [r for r in summary.get("ranks") or [] if r]
+    ok = summary["status"] == "ok"
+    return {
+        "experiment": exp["name"], "domain": domain, "strategy": summary["strategy"],
+        "status": summary["status"], "reason": summary.get("reason"), "world_size": summary.get("world_size"),
+        # The summary's step count (TableInputs puts the step records under "steps"): a finished run ran them all.
+        "steps": exp["training"]["steps"] if ok else None,
+        "tokens_per_s": summary.get("tokens_per_s"), "step_time_median_s": summary.get("step_time_median_s"),
+        "peak_bytes_max_rank": max((r.get("peak_bytes") or 0 for r in ranks), default=None),
+        "peak_kind": ranks[0].get("peak_kind") if ranks else None,
+        "final_val_loss": summary.get("final_val_loss"),
+    }
+
+
+def run_rows(exp: dict, summaries: list[dict]) -> tuple[list[dict], list[dict]]:
     """(runs, curves) of one experiment; time-to-target needs all its runs, so it is filled here."""
     domain = FORMATS[exp["data"]["format"]].domain
+    by_strategy = {s["strategy"]: s for s in summaries if s["experiment"] == exp["name"]}
     runs, curves, per_run_curve = [], [], {}
-    for strategy in exp["strategies"]:
-        run = runs_dir / strategy
-        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-        ranks = [r for r in summary.get("ranks") or [] if r]
-        points = [r for r in read_steps(run / "metrics.jsonl") if r.get("val_loss") is not None]
+    for strategy in (s for s in exp["strategies"] if s in by_strategy):
+        summary = by_strategy[strategy]
+        points = validation_points(summary)
         per_run_curve[strategy] = [(r["elapsed_s"], r["val_loss"]) for r in points]
         curves += [{"experiment": exp["name"], "domain": domain, "strategy": strategy, "step": r["step"] + 1,
                     "elapsed_s": r["elapsed_s"], "val_loss": r["val_loss"]} for r in points]
-        runs.append({
-            "experiment": exp["name"], "domain": domain, "strategy": strategy,
-            "status": summary.get("status", "missing"), "reason": summary.get("reason"),
-            "world_size": summary.get("world_size"), "steps": summary.get("steps"),
-            "tokens_per_s": summary.get("tokens_per_s"), "step_time_median_s": summary.get("step_time_median_s"),
-            "peak_bytes_max_rank": max((r.get("peak_bytes") or 0 for r in ranks), default=None),
-            "peak_kind": ranks[0].get("peak_kind") if ranks else None,
-            "final_val_loss": summary.get("final_val_loss"),
-        })
+        runs.append(run_row(exp, domain, summary))
     finals = [r["final_val_loss"] for r in runs if r["status"] == "ok" and r["final_val_loss"] is not None]
+    # Unless the experiment sets one, the target is the worst final loss: every finished run reaches it.
     target = (exp.get("evaluation") or {}).get("target_val_loss") or (max(finals) if finals else None)
     for row in runs:
         row["target_val_loss"] = target
@@ -56,52 +79,18 @@ def run_rows(exp: dict, runs_dir: Path) -> tuple[list[dict], list[dict]]:
     return runs, curves
 
 
-def write_csv(rows: list[dict], path: Path, columns: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_size", "steps", "tokens_per_s",
-               "step_time_median_s", "peak_bytes_max_rank", "peak_kind", "final_val_loss", "target_val_loss",
-               "time_to_target_s"]
-CURVE_COLUMNS = ["experiment", "domain", "strategy", "step", "elapsed_s", "val_loss"]
-
-
-def build_tables(experiment_configs: list[Path], results_dir: Path, metric_files: list[Path], out_dir: Path) -> None:
-    from shardlab.science.evaluate import COLUMNS
-
-    runs, curves = [], []
-    for path in experiment_configs:
-        exp = json.loads(Path(path).read_text())
-        r, c = run_rows(exp, Path(results_dir) / exp["name"] / "runs")
+def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
+    runs, curves, metrics = [], [], []
+    for name, exp in inputs.experiments.items():
+        if not is_science(exp):
+            continue
+        r, c = run_rows(exp, inputs.summaries)
         runs += r
         curves += c
-    metrics = []
-    for path in metric_files:
-        with open(path, newline="") as fh:
-            metrics += list(csv.DictReader(fh))
-    write_csv(runs, out_dir / "science_runs.csv", RUN_COLUMNS)
-    write_csv(curves, out_dir / "science_curves.csv", CURVE_COLUMNS)
-    write_csv(metrics, out_dir / "science_metrics.csv", COLUMNS)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.tables.science --results DIR --out-dir DIR --experiments A.json ... --metrics A.csv ...`"""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="shardlab.tables.science")
-    parser.add_argument("--results", type=Path, required=True)
-    parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("--experiments", type=Path, nargs="+", required=True, help="resolved experiment JSONs")
-    parser.add_argument("--metrics", type=Path, nargs="+", required=True, help="per-experiment metric CSVs")
-    args = parser.parse_args(argv)
-    build_tables(args.experiments, args.results, args.metrics, args.out_dir)
-    print(f"science tables ({len(args.experiments)} experiments) -> {args.out_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        if metrics_table_name(name) in inputs.tables:
+            metrics.append(inputs.tables[metrics_table_name(name)])
+    metrics = [m for m in metrics if len(m)]
+    return {"science_runs": pd.DataFrame(runs, columns=RUN_COLUMNS),
+            "science_curves": pd.DataFrame(curves, columns=CURVE_COLUMNS),
+            "science_metrics": (pd.concat(metrics, ignore_index=True) if metrics
+                                else pd.DataFrame(columns=METRIC_COLUMNS)).reindex(columns=METRIC_COLUMNS)}

@@ -1,71 +1,133 @@
-"""Tensor-parallel runs -> `tp_activation_components.csv`: activation bytes per transformer-layer
-component, measured on every rank, beside the Korthikanti et al. formula (fp32 values, 1-byte masks)
-and the formula adapted to what this model saves (`shardlab.costs.activations`).
+"""Tensor and sequence parallelism's tables, from the runs of the strategies whose registry topic is
+`tensor_parallel` (and their reference runs).
 
-    python -m shardlab.tables.tensor_parallel --models-dir resources/models --out results/tables/tp_activation_components.csv \
-        results/E/runs/*/summary.json
+- tp_activation_components: per run, rank and transformer-layer component, the activation bytes
+  saved for backward (mean per layer) beside the Korthikanti et al. formula (fp32 values, 1-byte
+  masks) and the formula adapted to what this model saves (`shardlab.costs.activations`), and the
+  measured/formula ratios. How a strategy splits activations is its registry `activation_split`.
+- tp_activation_totals: the same per run and rank, summed over the components (bytes per layer).
+- tp_throughput: per run, tokens/s and the ratios to its reference and to its twin
+  (`tables.data_parallel.throughput_rows`).
+- tp_twins: per hand-written strategy, its throughput over its production twin's, against the goal.
+- tp_memory_categories: per run, the mean over ranks of parameter, gradient, optimizer and
+  activation bytes, for the TP experiment's runs and for the runs of every other experiment with
+  the same model and training settings (one run per strategy; ranks from the `ranks` table).
 
-Everything comes from each run's experiment (`results/<exp>/experiment.json`): sequence length, the
-micro-batch the probe measured on a rank, and the model's sizes (for hub models, from
-`<models-dir>/<name>/config.json`).
+The sequence length, the micro-batch the probe measured on a rank and the model's sizes come from
+each run's experiment and model record (`TableInputs`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 import pandas as pd
 
 from shardlab.costs.activations import comparison_rows
+from shardlab.strategies import REGISTRY
+from shardlab.tables import TableInputs
+from shardlab.tables.data_parallel import of_topic, throughput_rows
 
+TOPIC = "tensor_parallel"
+TWIN_GOAL = 0.95  # the study's goal: a hand-written strategy reaches 95 % of its production twin's throughput
 COLUMNS = ["experiment", "strategy", "rank", "mode", "tp", "component", "measured_bytes", "paper_formula_bytes",
-           "model_formula_bytes", "paper_assumptions_hold", "s", "b", "h", "a", "n_layers"]
+           "model_formula_bytes", "paper_assumptions_hold", "s", "b", "h", "a", "n_layers", "activation_split",
+           "measured_over_model", "measured_over_paper"]
+BYTES = ["measured_bytes", "paper_formula_bytes", "model_formula_bytes"]
+TWIN_COLUMNS = ["experiment", "strategy", "twin", "tokens_per_s", "twin_tokens_per_s", "ratio_to_twin", "goal_ratio",
+                "goal_met"]
+CATEGORIES = ["param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"]
+MEMORY_COLUMNS = ["tp_experiment", "experiment", "strategy", "family", "topic", "run", "ranks", *CATEGORIES]
 
 
 def probed_micro_batch(exp: dict, strategy: str, world_size: int) -> int:
-    from shardlab.strategies import get_spec
-
+    """Sequences per forward on one rank: the global batch over the data-parallel ranks, cut by the
+    micro-batch when gradient accumulation is on (what the activation probe saw)."""
+    spec = REGISTRY[strategy]
     training = exp["training"]
-    options = exp.get("strategy_options", {}).get(strategy, {})
-    local = training["global_batch_size"] // get_spec(strategy).data_parallel_size(world_size, options)
+    local = training["global_batch_size"] // spec.data_parallel_size(world_size, spec.options(exp))
     return min(local, training.get("micro_batch_size") or local)
 
 
-def model_sizes(model: dict, models_dir: Path | None) -> dict:
-    if model["source"] == "local":
-        return {"h": model["hidden_size"], "a": model["num_heads"], "n_layers": model["num_layers"]}
-    config = json.loads((models_dir / model["name"] / "config.json").read_text())
-    return {"h": config["hidden_size"], "a": config["num_attention_heads"], "n_layers": config["num_hidden_layers"]}
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
 
 
-def rows_for(summary_path: Path, models_dir: Path | None) -> list[dict]:
-    summary = json.loads(summary_path.read_text())
+def activation_rows(summary: dict, inputs: TableInputs) -> list[dict]:
     if summary.get("status") != "ok":
         return []  # failed runs have no activation measurement; runs.csv already records them
-    exp = json.loads((summary_path.parents[2] / "experiment.json").read_text())
+    exp = inputs.experiment(summary)
+    shape = inputs.model_shape(exp)
+    if shape is None:
+        raise ValueError(f"no model shape for {exp['model']['name']}: its model record has no 'shape'")
+    split = REGISTRY[summary["strategy"]].activation_split
     dims = {"s": exp["training"]["seq_len"], "b": probed_micro_batch(exp, summary["strategy"], summary["world_size"]),
-            **model_sizes(exp["model"], models_dir)}
+            "h": shape.hidden_size, "a": shape.num_heads, "n_layers": shape.num_layers}
     rows = []
     for rank in summary["ranks"]:
-        for row in comparison_rows(summary["strategy"], rank.get("activation_by_module") or {}, dims,
-                                   t=summary["world_size"]):
-            rows.append({"experiment": summary["experiment"], "rank": rank["rank"], **row, **dims})
+        for row in comparison_rows(split, rank.get("activation_by_module") or {}, dims, t=summary["world_size"]):
+            rows.append({"experiment": summary["experiment"], "strategy": summary["strategy"], "rank": rank["rank"],
+                         **row, **dims, "activation_split": split,
+                         "measured_over_model": _ratio(row["measured_bytes"], row["model_formula_bytes"]),
+                         "measured_over_paper": _ratio(row["measured_bytes"], row["paper_formula_bytes"])})
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="shardlab.tables.tensor_parallel", description=__doc__)
-    parser.add_argument("--models-dir", type=Path, help="folder of model folders (needed for hub models)")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("summaries", type=Path, nargs="+")
-    args = parser.parse_args(argv)
-    rows = [row for path in args.summaries for row in rows_for(path, args.models_dir)]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows, columns=COLUMNS).to_csv(args.out, index=False)
-    print(f"wrote {len(rows)} rows to {args.out}")
+def activation_totals(components: pd.DataFrame) -> pd.DataFrame:
+    keys = ["experiment", "strategy", "rank", "mode", "tp"]
+    return components.groupby(keys, sort=False)[BYTES].sum().reset_index()
 
 
-if __name__ == "__main__":
-    main()
+def twin_rows(throughput: pd.DataFrame) -> pd.DataFrame:
+    twins = throughput[throughput["twin"].notna() & throughput["strategy"].map(lambda s: REGISTRY[s].topic == TOPIC)]
+    table = twins[["experiment", "strategy", "twin", "tokens_per_s", "twin_tokens_per_s", "ratio_to_twin"]].copy()
+    table["goal_ratio"] = TWIN_GOAL
+    table["goal_met"] = table["ratio_to_twin"].map(lambda r: None if pd.isna(r) else bool(r >= TWIN_GOAL))
+    return table.reset_index(drop=True)[TWIN_COLUMNS]
+
+
+def peer_experiments(name: str, experiments: dict[str, dict]) -> list[str]:
+    """The other experiments with the same model and training settings as `name` (settings order)."""
+    mine = experiments[name]
+    return [other for other, exp in experiments.items()
+            if other != name and exp["model"] == mine["model"] and exp["training"] == mine["training"]]
+
+
+def memory_rows(tp_experiment: str, inputs: TableInputs) -> list[dict]:
+    """The TP experiment's references, then each peer experiment's parallel runs checked against the
+    same references, one per strategy not yet shown (first peer wins), then the TP experiment's
+    other runs. A reference of other strategies (e.g. the single-process mixture of experts) stands
+    for another model, so peers contribute no reference runs."""
+    ranks = inputs.tables.get("ranks")
+    if ranks is None or ranks.empty:
+        return []
+    ok = ranks[ranks["status"] == "ok"]
+    means = ok.groupby(["experiment", "strategy"], sort=False)
+    runs = list(means.groups)  # (experiment, strategy) in table order
+    own = [r for r in runs if r[0] == tp_experiment]
+    every_reference = {spec.reference for spec in REGISTRY.values()}
+    is_reference = lambda run: run[1] in every_reference  # noqa: E731
+    chosen = [r for r in own if is_reference(r)]
+    references = {REGISTRY[s].reference for _, s in own}
+    for peer in peer_experiments(tp_experiment, inputs.experiments):
+        shown = {s for _, s in chosen} | {s for _, s in own}
+        chosen += [r for r in runs if r[0] == peer and r[1] not in shown and not is_reference(r)
+                   and REGISTRY[r[1]].reference in references]
+    chosen += [r for r in own if not is_reference(r)]
+    table = means[CATEGORIES].mean()
+    counts = means.size()
+    rows = []
+    for experiment, strategy in chosen:
+        spec = REGISTRY[strategy]
+        rows.append({"tp_experiment": tp_experiment, "experiment": experiment, "strategy": strategy,
+                     "family": spec.family, "topic": spec.topic, "run": f"{strategy} ({experiment})",
+                     "ranks": int(counts[(experiment, strategy)]), **table.loc[(experiment, strategy)].to_dict()})
+    return rows
+
+
+def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
+    components = pd.DataFrame([row for s in inputs.summaries for row in activation_rows(s, inputs)], columns=COLUMNS)
+    throughput = throughput_rows(inputs.summaries, TOPIC)
+    tp_experiments = list(dict.fromkeys(s["experiment"] for s in of_topic(inputs.summaries, TOPIC)))
+    memory = [row for name in tp_experiments if name in inputs.experiments for row in memory_rows(name, inputs)]
+    return {"tp_activation_components": components, "tp_activation_totals": activation_totals(components),
+            "tp_throughput": throughput, "tp_twins": twin_rows(throughput),
+            "tp_memory_categories": pd.DataFrame(memory, columns=MEMORY_COLUMNS)}

@@ -6,6 +6,10 @@
   agree with what happened (ok / oom)?
 - zero_plan: the decision tree's choice over a grid of model sizes and device counts (80 GB
   devices, bf16 + AdamW), the study's decision-tree figure as data.
+- zero_rungs: per rung, the largest measured and predicted bytes over ranks and the largest
+  absolute error of the memory model.
+- zero_verdicts: per experiment, the memory model's worst error and how many runs agree with the
+  decision tree.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def memory_rows(summaries: list[dict], training: dict) -> list[dict]:
     rows = []
     for s in filter(_on_ladder, summaries):
         strategy = s["strategy"]
-        base = {"experiment": s["experiment"], "strategy": strategy, "status": s["status"],
+        base = {"experiment": s["experiment"], "strategy": strategy, "framework": REGISTRY[strategy].zero.framework,
+                "status": s["status"],
                 "tokens_per_s": s.get("tokens_per_s"), "world_size": s.get("world_size")}
         if s["status"] != "ok":
             rows.append(dict(base, rank=None))
@@ -84,6 +89,27 @@ def plan_rows(gpu_mem: float = 80e9, dtype: str = "bf16", optimizer: str = "adam
     return rows
 
 
+def rung_rows(memory: pd.DataFrame) -> pd.DataFrame:
+    ok = memory[memory["status"] == "ok"] if len(memory) else memory
+    if ok.empty:
+        return pd.DataFrame(columns=["experiment", "strategy", "max_abs_error_pct"])
+    measured = [f"{kind}_{key}" for key in STATES for kind in ("measured", "predicted")]
+    table = ok.groupby(["experiment", "strategy"], sort=False)[measured].max()
+    table["max_abs_error_pct"] = ok.groupby(["experiment", "strategy"], sort=False)["error_model_state_pct"].agg(
+        lambda e: e.abs().max())
+    return table.reset_index()
+
+
+def verdict_rows(rungs: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for name in dict.fromkeys([*rungs.get("experiment", []), *check.get("experiment", [])]):
+        mine = check[check["experiment"] == name] if len(check) else check
+        rows.append({"experiment": name,
+                     "worst_abs_error_pct": rungs.loc[rungs["experiment"] == name, "max_abs_error_pct"].max(),
+                     "tree_checked_runs": len(mine), "tree_agreeing_runs": int(mine["consistent"].sum()) if len(mine) else 0})
+    return pd.DataFrame(rows, columns=["experiment", "worst_abs_error_pct", "tree_checked_runs", "tree_agreeing_runs"])
+
+
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     memory, check = [], []
     for name, exp in inputs.experiments.items():
@@ -91,5 +117,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         shape = inputs.model_shape(exp)
         memory += memory_rows(summaries, exp["training"])
         check += tree_check_rows(summaries, exp["training"], shape and shape.parameters(), device_memory(summaries))
-    return {"zero_memory": pd.DataFrame(memory), "zero_tree_check": pd.DataFrame(check),
-            "zero_plan": pd.DataFrame(plan_rows())}
+    memory, check = pd.DataFrame(memory), pd.DataFrame(check)
+    rungs = rung_rows(memory)
+    return {"zero_memory": memory, "zero_tree_check": check, "zero_plan": pd.DataFrame(plan_rows()),
+            "zero_rungs": rungs, "zero_verdicts": verdict_rows(rungs, check)}

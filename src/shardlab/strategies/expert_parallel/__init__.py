@@ -29,7 +29,8 @@ def _plan(model, step, world, options):
 SPECS = [
     StrategySpec("moe_single", "shardlab.strategies.expert_parallel.strategy:MoESingle", "expert parallel", TOPIC,
                  "The mixture-of-experts model in one process: the reference for ep_moe.", _plan, _states,
-                 single_process=True, data_parallel_size=one, check_options=check_moe_options),
+                 reference="moe_single", single_process=True, data_parallel_size=one,
+                 check_options=check_moe_options),
     StrategySpec("ep_moe", "shardlab.strategies.expert_parallel.strategy:ExpertParallelMoE", "expert parallel", TOPIC,
                  "Mixture of experts with experts sharded over ranks; tokens dispatched by uneven all-to-all.",
                  _plan, _states, reference="moe_single", check_options=check_moe_options),

@@ -1,0 +1,73 @@
+"""Compare two results/tables folders: same tables, same columns (new ones allowed), same values
+apart from timings. For refactors that must not change what the study measures.
+
+    python scripts/compare-tables.py BEFORE/results/tables AFTER/results/tables
+
+Timing-dependent columns (wall times, throughput, bandwidth, communication shares and anything
+derived from them) differ between any two runs and are skipped; every other shared column is
+compared row by row after sorting on the columns both sides share that identify a row. Exit
+status 1 when a table or column is missing or a value differs.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+TIMING = re.compile(r"time|_s$|_s_|per_s|tokens_s|throughput|bw|GBps|share|speedup|ratio|latency|alpha|beta|"
+                    r"rel_err|r2|bubble_measured|fraction|overhead|seconds|wall|spread|iqr|p\d\d|mean_s|median|"
+                    r"host|hostname|commit|date|python|version|pid|attempt|cpu|dirty|env_", re.IGNORECASE)
+KEYS = ("experiment", "strategy", "rank", "step", "component", "module", "category", "collective", "size_bytes",
+        "purpose", "stage", "rung", "domain", "metric", "name", "table", "split", "world_size", "schedule")
+
+
+def compare_table(name: str, before: pd.DataFrame, after: pd.DataFrame) -> list[str]:
+    problems = []
+    missing = [c for c in before.columns if c not in after.columns]
+    if missing:
+        problems.append(f"{name}: columns gone: {missing}")
+    if len(before) != len(after):
+        return problems + [f"{name}: {len(before)} rows before, {len(after)} after"]
+    compared = [c for c in before.columns if c in after.columns and not TIMING.search(c)]
+    keys = [k for k in KEYS if k in compared]
+    b = before.sort_values(keys, kind="stable").reset_index(drop=True) if keys else before
+    a = after.sort_values(keys, kind="stable").reset_index(drop=True) if keys else after
+    for col in compared:
+        x, y = b[col], a[col]
+        if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y):
+            same = np.isclose(x.astype(float), y.astype(float), rtol=1e-9, atol=0, equal_nan=True)
+        else:
+            same = (x.astype(str) == y.astype(str)).to_numpy()
+        if not same.all():
+            i = int(np.argmin(same))
+            problems.append(f"{name}.{col}: {int((~same).sum())} of {len(same)} rows differ, e.g. row {i}: "
+                            f"{x.iloc[i]!r} -> {y.iloc[i]!r}")
+    return problems
+
+
+def main(before_dir: str, after_dir: str) -> int:
+    before = {p.stem: p for p in Path(before_dir).glob("*.csv")}
+    after = {p.stem: p for p in Path(after_dir).glob("*.csv")}
+    problems = [f"table gone: {name}" for name in sorted(set(before) - set(after))]
+    for name in sorted(set(before) & set(after)):
+        b, a = pd.read_csv(before[name]), pd.read_csv(after[name])
+        found = compare_table(name, b, a)
+        added = [c for c in a.columns if c not in b.columns]
+        skipped = [c for c in b.columns if c in a.columns and TIMING.search(c)]
+        print(f"{name}: {len(b)} rows, {'OK' if not found else 'DIFFERS'}"
+              + (f"; added columns {added}" if added else "") + (f"; timing columns skipped {skipped}" if skipped else ""))
+        problems += found
+    for name in sorted(set(after) - set(before)):
+        print(f"{name}: new table ({len(pd.read_csv(after[name]))} rows)")
+    print("\n".join(problems) if problems else "same tables, columns and values apart from timings")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,102 @@
+"""Data parallelism's tables, from the runs of the strategies whose registry topic is `data_parallel`
+(and their reference runs), per experiment.
+
+- dp_throughput: per run, tokens/s, the ratio to its registry `reference` run and, for a
+  hand-written strategy, to its production `twin` (same experiment). Reference runs are rows too
+  (ratio 1), so a chart of every run reads this table alone.
+- dp_pairs: every ordered pair of finished runs of one family in one experiment (the hand-written
+  strategies against each other and against their twin): the throughput ratio.
+- dp_comm_steps: per step, the time a rank was blocked in gradient communication, for the runs
+  that record it (hand-written strategies time their collectives; DDP's run inside backward).
+
+`throughput_rows` serves every topic whose strategies have references and twins (tensor parallel too).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from shardlab.strategies import REGISTRY
+from shardlab.tables import TableInputs
+
+TOPIC = "data_parallel"
+THROUGHPUT_COLUMNS = ["experiment", "strategy", "family", "reference", "twin", "status", "world_size",
+                      "tokens_per_s", "step_time_median_s", "reference_tokens_per_s", "ratio_to_reference",
+                      "twin_tokens_per_s", "ratio_to_twin"]
+PAIR_COLUMNS = ["experiment", "family", "strategy", "other", "tokens_per_s", "other_tokens_per_s", "ratio"]
+COMM_COLUMNS = ["experiment", "strategy", "status", "step", "timed", "comm_time_s", "step_time_s", "comm_fraction"]
+
+
+def of_topic(summaries: list[dict], topic: str) -> list[dict]:
+    return [s for s in summaries if REGISTRY[s["strategy"]].topic == topic]
+
+
+def _rate(run: dict | None) -> float | None:
+    """tokens/s of a finished run, None for a missing or failed one (it has no throughput to compare)."""
+    return run.get("tokens_per_s") if run and run.get("status") == "ok" else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def throughput_rows(summaries: list[dict], topic: str) -> pd.DataFrame:
+    """One row per run of `topic` and per reference run they are compared with, in input order."""
+    by_run = {(s["experiment"], s["strategy"]): s for s in summaries}
+    wanted = set()
+    for s in of_topic(summaries, topic):
+        wanted |= {(s["experiment"], s["strategy"]), (s["experiment"], REGISTRY[s["strategy"]].reference)}
+    rows = []
+    for key, s in by_run.items():
+        if key not in wanted:
+            continue
+        spec = REGISTRY[s["strategy"]]
+        rate = _rate(s)
+        reference = _rate(by_run.get((s["experiment"], spec.reference)))
+        twin = _rate(by_run.get((s["experiment"], spec.twin))) if spec.twin else None
+        rows.append({"experiment": s["experiment"], "strategy": s["strategy"], "family": spec.family,
+                     "reference": spec.reference, "twin": spec.twin, "status": s["status"],
+                     "world_size": s.get("world_size"), "tokens_per_s": rate,
+                     "step_time_median_s": s.get("step_time_median_s"), "reference_tokens_per_s": reference,
+                     "ratio_to_reference": _ratio(rate, reference), "twin_tokens_per_s": twin,
+                     "ratio_to_twin": _ratio(rate, twin)})
+    return pd.DataFrame(rows, columns=THROUGHPUT_COLUMNS)
+
+
+def pair_rows(throughput: pd.DataFrame, topic: str) -> pd.DataFrame:
+    """Every ordered pair (strategy, other) of finished runs of the topic's strategies that share a
+    family and an experiment: tokens/s of strategy over tokens/s of other."""
+    mine = throughput[throughput["strategy"].map(lambda s: REGISTRY[s].topic == topic)
+                      & throughput["tokens_per_s"].notna()]
+    rows = []
+    for (experiment, family), group in mine.groupby(["experiment", "family"], sort=False):
+        for a in group.itertuples():
+            for b in group.itertuples():
+                if a.strategy != b.strategy:
+                    rows.append({"experiment": experiment, "family": family, "strategy": a.strategy,
+                                 "other": b.strategy, "tokens_per_s": a.tokens_per_s,
+                                 "other_tokens_per_s": b.tokens_per_s, "ratio": a.tokens_per_s / b.tokens_per_s})
+    return pd.DataFrame(rows, columns=PAIR_COLUMNS)
+
+
+def comm_step_rows(summaries: list[dict], experiments: dict[str, dict], topic: str) -> pd.DataFrame:
+    """Steps whose blocked communication time was recorded; `timed`: past the warm-up steps, the
+    ones the run's medians use."""
+    rows = []
+    for s in of_topic(summaries, topic):
+        warmup = experiments[s["experiment"]]["training"]["warmup_steps"] if s["experiment"] in experiments else 0
+        for step in s.get("step_log", []):
+            comm = step.get("comm_time_s")
+            if comm is None:
+                continue
+            step_time = step.get("step_time_s")
+            rows.append({"experiment": s["experiment"], "strategy": s["strategy"], "status": s["status"],
+                         "step": step["step"], "timed": step["step"] >= warmup, "comm_time_s": comm,
+                         "step_time_s": step_time, "comm_fraction": comm / step_time if step_time else None})
+    return pd.DataFrame(rows, columns=COMM_COLUMNS)
+
+
+def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
+    throughput = throughput_rows(inputs.summaries, TOPIC)
+    return {"dp_throughput": throughput, "dp_pairs": pair_rows(throughput, TOPIC),
+            "dp_comm_steps": comm_step_rows(inputs.summaries, inputs.experiments, TOPIC)}

@@ -1,0 +1,175 @@
+"""The layout's rules, checked: imports only go down the layers (and never in a cycle), the
+registry is the single source of strategy facts (every strategy has a communication plan, a
+memory prediction and a place in its topic's rule, tables and report section), and neither the
+workflow rules nor the report keep their own lists of strategy or experiment names."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from shardlab.costs.shapes import ModelShape, StepShape
+from shardlab.strategies import REGISTRY, TOPICS as STRATEGY_TOPICS
+from shardlab.tables import TOPICS as TABLE_TOPICS
+
+SRC = REPO / "src" / "shardlab"
+
+# What each part of the package may import (besides itself). Lower layers never import higher ones.
+ALLOWED = {
+    "errors": set(),
+    "config": {"errors"},
+    "core": {"errors", "config"},
+    "costs": {"errors"},
+    "strategies": {"errors", "config", "core", "costs"},
+    "runner": {"errors", "config", "core", "costs", "strategies"},
+    "bench": {"errors", "config", "core", "costs", "strategies", "runner"},
+    "science": {"errors", "config", "core"},
+    "tables": {"errors", "config", "core", "costs", "strategies", "science"},
+    "reporting": set(),
+    "study": {"errors", "config", "core", "strategies", "science"},
+    "prepare": {"errors", "core", "science"},
+    "__main__": set(),  # dispatches by name (importlib), imports no command module
+    "__init__": set(),
+}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in SRC.rglob("*.py"):
+        name = ".".join(("shardlab", *path.relative_to(SRC).with_suffix("").parts))
+        mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """Every shardlab module `name` imports, at module level or inside functions."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in mods else base)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {m for m in found if m in mods and m != name}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_imports_only_go_down_the_layers():
+    mods = _modules()
+    assert set(map(_part, mods)) <= set(ALLOWED), sorted(set(map(_part, mods)) - set(ALLOWED))
+    upward = [(m, dep) for m, path in mods.items() for dep in _imports(m, path, mods)
+              if _part(dep) != _part(m) and _part(dep) not in ALLOWED[_part(m)]]
+    assert not upward, "imports against the layering:\n" + "\n".join(f"  {m} -> {d}" for m, d in sorted(upward))
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for dep in graph[m]:
+            if state.get(dep) == 1:
+                return [*path, m, dep]
+            if dep not in state and (cycle := visit(dep, [*path, m])):
+                return cycle
+        state[m] = 2
+        return None
+
+    for m in graph:
+        if m not in state:
+            cycle = visit(m, [])
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_report_imports_only_reporting():
+    for qmd in (REPO / "reports").rglob("*.qmd"):
+        for module in re.findall(r"^\s*(?:from|import)\s+(shardlab[\w.]*)", qmd.read_text(), re.MULTILINE):
+            assert module.startswith("shardlab.reporting"), f"{qmd.name} imports {module}"
+
+
+def test_no_source_file_is_over_300_lines():
+    long = {str(p.relative_to(REPO)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, long
+
+
+# --- the registry is the single source of strategy facts ----------------------------------------
+SHAPE = ModelShape(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
+STEP = StepShape(global_batch=8, seq_len=32, micro_batch=None, activation_bytes=4)
+
+
+def _world(spec) -> int:
+    return 1 if spec.single_process else 4 if spec.family == "hybrid" else 2
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_strategy_has_a_plan_a_prediction_and_a_home(name):
+    spec = REGISTRY[name]
+    world = _world(spec)
+    plan = spec.comm_plan(SHAPE, STEP, world, {})
+    assert isinstance(plan, list) and (spec.single_process or plan), f"{name}: no communication plan"
+    assert all(call.bus_bytes > 0 for call in plan), f"{name}: a call moves no bytes"
+    states = spec.model_states(SHAPE, world, {}, "fp32", "adamw")
+    assert len(states) == world and all(s.param_bytes > 0 and s.optimizer_bytes > 0 for s in states), name
+    assert sum(s.param_bytes for s in states) >= 4 * SHAPE.parameters() or spec.family == "expert parallel"
+    assert REGISTRY[spec.reference].reference == spec.reference, f"{name}: reference {spec.reference} is not a reference"
+    assert spec.twin is None or REGISTRY[spec.twin].family == spec.family
+    assert spec.topic in TABLE_TOPICS
+    for path in (f"workflow/rules/{spec.topic}.smk", f"reports/sections/{spec.topic}.qmd",
+                 f"src/shardlab/tables/{spec.topic}.py"):
+        assert (REPO / path).is_file(), f"{name}: topic '{spec.topic}' has no {path}"
+
+
+def test_registry_topics_are_table_topics_and_every_topic_has_its_three_files():
+    assert set(STRATEGY_TOPICS) <= set(TABLE_TOPICS)
+    for topic in TABLE_TOPICS:
+        for path in (f"workflow/rules/{topic}.smk", f"reports/sections/{topic}.qmd", f"src/shardlab/tables/{topic}.py"):
+            assert (REPO / path).is_file(), path
+
+
+def test_a_strategy_without_a_plan_is_caught(monkeypatch):
+    """The walk above can fail: a strategy whose plan forgets its communication is reported."""
+    from dataclasses import replace
+
+    broken = replace(REGISTRY["ddp"], comm_plan=lambda *args: [])
+    monkeypatch.setitem(REGISTRY, "ddp", broken)
+    with pytest.raises(AssertionError, match="no communication plan"):
+        test_every_strategy_has_a_plan_a_prediction_and_a_home("ddp")
+
+
+# --- no name lists outside the registry and the configs -----------------------------------------
+def _experiment_names() -> set[str]:
+    """Experiment names of the shipped configs; a topic name (e.g. "zero") is allowed in code even where
+    an experiment shares it."""
+    names = {name for cfg in (REPO / "config").glob("*.yaml") for name in yaml.safe_load(cfg.read_text())["experiments"]}
+    return names - set(TABLE_TOPICS)
+
+
+def _python_chunks(qmd: Path) -> str:
+    return "\n".join(re.findall(r"```\{python\}\n(.*?)```", qmd.read_text(), re.DOTALL))
+
+
+def _quoted_names(code: str, names: set[str]) -> set[str]:
+    return {s for s in re.findall(r"[\"']([A-Za-z0-9_]+)[\"']", code) if s in names}
+
+
+@pytest.mark.parametrize("path", [*sorted((REPO / "workflow").rglob("*.smk")), REPO / "Snakefile",
+                                  *sorted((REPO / "reports").rglob("*.qmd"))], ids=lambda p: p.name)
+def test_rules_and_report_name_no_strategy_or_experiment(path):
+    code = _python_chunks(path) if path.suffix == ".qmd" else path.read_text()
+    assert not _quoted_names(code, set(REGISTRY) | _experiment_names()), path
