@@ -18,9 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-TIMING = re.compile(r"time|_s$|_s_|per_s|tokens_s|throughput|bw|GBps|share|speedup|ratio|latency|alpha|beta|"
+# Timings and what derives from them; when and where a run ran; process-level peak memory (the
+# allocator's and the imports' footprint, which moves between launches even on one machine).
+TIMING = re.compile(r"time|_s$|_s_|per_s|tokens_s|throughput|bw|GBps|comm_share|predicted_share|speedup|ratio|latency|alpha|beta|"
                     r"rel_err|r2|bubble_measured|fraction|overhead|seconds|wall|spread|iqr|p\d\d|mean_s|median|"
-                    r"host|hostname|commit|date|python|version|pid|attempt|cpu|dirty|env_", re.IGNORECASE)
+                    r"started|finished|host|hostname|commit|python|version|pid|attempt|dirty|^peak_bytes$|peak_bytes_max_rank",
+                    re.IGNORECASE)
 KEYS = ("experiment", "strategy", "rank", "step", "component", "module", "category", "collective", "size_bytes",
         "purpose", "stage", "rung", "domain", "metric", "name", "table", "split", "world_size", "schedule")
 
@@ -41,7 +44,7 @@ def compare_table(name: str, before: pd.DataFrame, after: pd.DataFrame) -> list[
         if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y):
             same = np.isclose(x.astype(float), y.astype(float), rtol=1e-9, atol=0, equal_nan=True)
         else:
-            same = (x.astype(str) == y.astype(str)).to_numpy()
+            same = ((x.astype(str) == y.astype(str)) | (x.isna() & y.isna())).to_numpy()
         if not same.all():
             i = int(np.argmin(same))
             problems.append(f"{name}.{col}: {int((~same).sum())} of {len(same)} rows differ, e.g. row {i}: "

@@ -7,7 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from shardlab.errors import ConfigError
-from shardlab.strategies import SINGLE
+from shardlab.strategies import SINGLE, get_spec
 from shardlab.study import load_study
 
 validate(config, "../schemas/config.schema.yaml")
@@ -59,9 +59,64 @@ def table_files(*names):
     return [f"{RESULTS}/tables/{name}.csv" for name in names]
 
 
+SRC = f"{workflow.basedir}/src/shardlab"  # absolute: inputs hold under --directory too
+
+
 def code(*modules):
     """Source files of shardlab modules (e.g. 'tables/zero'): a rule reruns when they change."""
-    return [f"src/shardlab/{m}.py" for m in modules]
+    return [f"{SRC}/{m}.py" for m in modules]
+
+
+def job_threads(threads_used):
+    """Threads a measuring job (a run, a benchmark) asks for. Locally every core, so these jobs never
+    overlap and none's timings are polluted by another's; under a cluster executor what the job
+    itself uses, never the submit host's core count (which is not even defined there).
+    """
+    return workflow.cores if workflow.local_exec else threads_used
+
+
+def launch_threads(launch, world):
+    """Ranks x launch.threads_per_rank CPU threads ('auto' ranks: one per GPU, counted at launch)."""
+    return launch["threads_per_rank"] * (1 if world == "auto" else int(world))
+
+
+def run_threads(exp, strategy):
+    world = get_spec(strategy).world_size(EXPERIMENTS[exp])
+    return job_threads(launch_threads(EXPERIMENTS[exp]["launch"], world))
+
+
+def run_code(strategy):
+    """The code a run executes: config, core, runner, the registry and the strategy's own family
+    package (or module). Editing any of it reruns the runs it touches, and only those.
+    """
+    source = (
+        get_spec(strategy)
+        .target.split(":")[0]
+        .removeprefix("shardlab.")
+        .replace(".", "/")
+    )
+    in_package = (
+        source.count("/") > 1
+    )  # strategies/<family>/<module> rather than strategies/<module>
+    files = (
+        glob.glob(f"{SRC}/{os.path.dirname(source)}/*.py")
+        if in_package
+        else [f"{SRC}/{source}.py"]
+    )
+    shared = [*glob.glob(f"{SRC}/core/*.py"), *glob.glob(f"{SRC}/runner/*.py")]
+    return sorted(
+        [
+            *files,
+            *shared,
+            *code(
+                "config",
+                "errors",
+                "strategies/__init__",
+                "strategies/spec",
+                "strategies/base",
+            ),
+        ]
+    )
 
 
 def topic_inputs(topic, metrics=False):

@@ -19,8 +19,8 @@ rule comm_bench:
         f"{RESULTS}/logs/comm_bench.log",
     conda:
         ENV
-    # All cores, like a training run: no other job may share the CPUs while collectives are timed.
-    threads: workflow.cores
+    # Locally all cores, like a training run: no other job may share the CPUs while collectives are timed.
+    threads: job_threads(launch_threads({"threads_per_rank": 1}, config["comm_bench"]["world_size"]))
     params:
         settings=json.dumps(config.get("comm_bench", {}), sort_keys=True),
     shell:

@@ -5,8 +5,8 @@
 rule render_report:
     input:
         tables=lambda w: REPORT_INPUTS,
-        qmd="reports/report.qmd",
-        sections=glob.glob("reports/sections/*.qmd"),
+        qmd=f"{workflow.basedir}/reports/report.qmd",
+        sections=glob.glob(f"{workflow.basedir}/reports/sections/*.qmd"),
     output:
         html=report(
             f"{RESULTS}/report/report.html",

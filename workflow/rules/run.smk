@@ -22,6 +22,7 @@ rule run_strategy:
         settings=lambda w: settings_file(w.exp),
         model=lambda w: model_record(w.exp),
         tokens=lambda w: tokens_path(w.exp),
+        code=lambda w: run_code(w.strategy),
     output:
         summary=f"{RESULTS}/{{exp}}/runs/{{strategy}}/summary.json",
         metrics=f"{RESULTS}/{{exp}}/runs/{{strategy}}/metrics.jsonl",
@@ -29,8 +30,8 @@ rule run_strategy:
         f"{RESULTS}/{{exp}}/logs/{{strategy}}.log",
     conda:
         ENV
-    # All cores: runs never overlap, so no run's timings are polluted by another's.
-    threads: workflow.cores
+    # Locally all cores: runs never overlap, so no run's timings are polluted by another's.
+    threads: lambda w: run_threads(w.exp, w.strategy)
     params:
         model_dir=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
         out=lambda w: run_dir(w.exp, w.strategy),
@@ -47,6 +48,7 @@ rule share_reference:
     input:
         summary=lambda w: f"{run_dir(SHARED_REFERENCE[w.exp], SINGLE.name)}/summary.json",
         metrics=lambda w: f"{run_dir(SHARED_REFERENCE[w.exp], SINGLE.name)}/metrics.jsonl",
+        settings=lambda w: settings_file(w.exp),  # the borrowing experiment's own settings
     output:
         summary=f"{RESULTS}/{{exp}}/runs/{SINGLE.name}/summary.json",
         metrics=f"{RESULTS}/{{exp}}/runs/{SINGLE.name}/metrics.jsonl",

@@ -15,6 +15,7 @@ TP_TABLES = table_files(
 TP_INFERENCE = table_files("tp_inference")
 TP_EXPERIMENTS = STUDY.experiments_of("tensor_parallel")
 TP_INPUTS = topic_inputs("tensor_parallel")
+TP_BENCH_LAUNCH = EXPERIMENTS[TP_EXPERIMENTS[0]]["launch"] if TP_EXPERIMENTS else None
 # Every experiment's settings: the memory comparison looks for the ones with the TP experiment's
 # model and training settings.
 TP_INPUTS["experiments"] = [settings_file(exp) for exp in EXPERIMENTS]
@@ -53,8 +54,8 @@ rule tp_inference:
         f"{RESULTS}/logs/tp_inference.log",
     conda:
         ENV
-    # All cores: the timing must not share the CPU with a training run.
-    threads: workflow.cores
+    # Locally all cores: the timing must not share the CPU with a training run.
+    threads: lambda w: job_threads(launch_threads(TP_BENCH_LAUNCH, TP_BENCH_LAUNCH["world_size"]))
     params:
         model_dir=lambda w, input: os.path.dirname(input.model[0]),
     shell:

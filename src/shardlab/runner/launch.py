@@ -13,14 +13,16 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from shardlab.config import config_hash
+from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
+from shardlab.runner.failures import failure_outcome
 from shardlab.runner.metrics import now, write_json
+from shardlab.runner.process import Interrupted, run_logged
 from shardlab.strategies import get_spec
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "run.log")
@@ -42,84 +44,74 @@ def torchrun_command(n_procs: int, run_args: list[str]) -> list[str]:
             "-m", "shardlab.runner.worker", *run_args]
 
 
-def run_logged(cmd: list[str], log_path: Path, env: dict, timeout_s: int) -> tuple[int | None, bool]:
-    """Run `cmd`, teeing its output to the console (progress) and to `log_path`. Returns (rc, timed_out)."""
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        timed_out = False
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-            if time.monotonic() > deadline:
-                timed_out = True
-                break
-        if timed_out:
-            os.killpg(proc.pid, signal.SIGKILL)
-        try:
-            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            rc, timed_out = proc.wait(), True
-    return rc, timed_out
+def model_record(model_dir: Path) -> dict:
+    """{name, parameters} from the prepared model's record, so failed runs still say what they trained."""
+    path = Path(model_dir) / "shardlab_model.json"
+    if not path.exists():
+        return {}
+    record = json.loads(path.read_text())
+    return {"name": record.get("name"), "parameters": ModelShape.from_dict(record["shape"]).parameters()}
 
 
-def failure_reason(attempt: Path, rc: int | None, timed_out: bool, timeout_s: int) -> tuple[str, str]:
-    """(status, reason) from the ranks' error files, the exit code and the log."""
-    if timed_out:
-        return "failed", f"timed out after {timeout_s} s (launch.timeout_s)"
-    errors = [json.loads(p.read_text()) for p in sorted(attempt.glob("error_rank*.json"))]
-    first = next((e for e in errors if e["type"] != "DistBackendError"), errors[0] if errors else None)
-    if first:
-        status = "oom" if any(e["oom"] for e in errors) else "failed"
-        return status, f"rank {first['rank']}: {first['type']}: {first['message'].splitlines()[0] if first['message'] else ''}"
-    log = (attempt / "run.log").read_text().strip().splitlines() if (attempt / "run.log").exists() else []
-    if (rc is not None and rc < 0) or rc == 137 or any("SIGKILL" in line for line in log):
-        return "oom", "a rank was killed by SIGKILL (most often the kernel's out-of-memory killer)"
-    tail = next((line for line in reversed(log) if "Error" in line), log[-1] if log else "no output")
-    return "failed", f"exit code {rc}: {tail[:500]}"
+def clear_run_dir(out: Path) -> None:
+    """Remove what an earlier attempt copied here: a failed rerun must not sit beside stale files."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for folder in ("artifacts", "model"):
+        shutil.rmtree(out / folder, ignore_errors=True)
 
 
 def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: Path, out: Path) -> dict:
+    """Run one strategy and record its outcome; raises Interrupted (after recording) on SIGTERM/SIGINT."""
     out.mkdir(parents=True, exist_ok=True)
+    clear_run_dir(out)
     attempt = out.parent.parent / "attempts" / strategy / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     attempt.mkdir(parents=True, exist_ok=True)
     timeout_s = exp["launch"]["timeout_s"]
     base = {"experiment": exp["name"], "strategy": strategy, "family": get_spec(strategy).family,
-            "config_hash": config_hash(exp), "attempt": str(attempt), "finished": now(), "ranks": []}
+            "config_hash": config_hash(exp), "model": model_record(model_dir), "started": now(), "ranks": []}
+    stopped = None
     try:
         n_procs = resolve_world_size(exp, strategy)
         get_spec(strategy).check(exp, f"experiments.{exp['name']}", world=n_procs)
     except ConfigError as err:
+        (attempt / "run.log").write_text(f"[launch] configuration rejected before launch: {err}\n")
         summary = dict(base, status="failed", reason=str(err), world_size=None)
     else:
-        env = dict(os.environ, OMP_NUM_THREADS=str(exp["launch"]["threads_per_rank"]), PYTHONUNBUFFERED="1")
-        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' deterministic mode (training.deterministic)
-        if exp["launch"]["device"] == "cpu" or (exp["launch"]["device"] == "auto" and not _has_nvidia_driver()):
-            env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed otherwise looks for a GPU
+        print(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es) -> {attempt}", flush=True)
         cmd = torchrun_command(n_procs, ["--experiment-config", str(exp_config), "--strategy", strategy,
                                          "--model-dir", str(model_dir), "--tokens", str(tokens), "--out", str(attempt)])
-        print(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es) -> {attempt}", flush=True)
-        rc, timed_out = run_logged(cmd, attempt / "run.log", env, timeout_s)
-        if rc == 0 and (attempt / "summary.json").exists():
+        rc, stopped = run_logged(cmd, attempt / "run.log", run_environment(exp), timeout_s, tag=str(attempt))
+        if rc == 0 and not stopped and (attempt / "summary.json").exists():
             summary = json.loads((attempt / "summary.json").read_text())
         else:
-            status, reason = failure_reason(attempt, rc, timed_out, timeout_s)
-            summary = dict(base, status=status, reason=reason, world_size=n_procs)
-            print(f"[launch] {exp['name']}/{strategy}: recorded as {status}: {reason}", flush=True)
-    summary["attempt"] = str(attempt)
+            summary = dict(base, **failure_outcome(attempt, rc, stopped, timeout_s), world_size=n_procs)
+            print(f"[launch] {exp['name']}/{strategy}: recorded as {summary['status']}: {summary['reason']}", flush=True)
+    summary.update(attempt=str(attempt), finished=now())
+    record_attempt(attempt, out, summary)
+    if stopped and stopped != "timeout":
+        raise Interrupted(signal.Signals[stopped])
+    return summary
+
+
+def run_environment(exp: dict) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(exp["launch"]["threads_per_rank"]), PYTHONUNBUFFERED="1")
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' deterministic mode (training.deterministic)
+    if exp["launch"]["device"] == "cpu" or (exp["launch"]["device"] == "auto" and not _has_nvidia_driver()):
+        env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed otherwise looks for a GPU
+    return env
+
+
+def record_attempt(attempt: Path, out: Path, summary: dict) -> None:
+    """The summary into the attempt folder (kept forever), then this attempt's files into the run folder."""
     write_json(attempt / "summary.json", summary)
     (attempt / "metrics.jsonl").touch()
     for name in RUN_FILES:
         if (attempt / name).exists():
             shutil.copy2(attempt / name, out / name)
-    if (attempt / "artifacts").is_dir():  # what the strategy saved to show what ran (e.g. ds_config.json)
-        shutil.copytree(attempt / "artifacts", out / "artifacts", dirs_exist_ok=True)
-    shutil.rmtree(out / "model", ignore_errors=True)  # never leave an earlier attempt's model behind
-    if (attempt / "model").is_dir():  # training.save_model
-        shutil.copytree(attempt / "model", out / "model")
-    return summary
+    for folder in ("artifacts", "model"):  # what the strategy saved (ds_config.json), training.save_model
+        if (attempt / folder).is_dir():
+            shutil.copytree(attempt / folder, out / folder)
 
 
 def share_reference(source: Path, out: Path, experiment: str) -> dict:
@@ -135,6 +127,9 @@ def share_reference(source: Path, out: Path, experiment: str) -> dict:
     for name in ("metrics.jsonl", "run.log"):
         if (source / name).exists():
             shutil.copy2(source / name, out / name)
+    shutil.rmtree(out / "model", ignore_errors=True)
+    if (source / "model").is_dir():  # training.save_model: the borrowing experiment evaluates it too
+        shutil.copytree(source / "model", out / "model")
     return summary
 
 
@@ -157,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results/<experiment>/runs/<strategy>")
     args = parser.parse_args(argv)
     exp = json.loads(args.experiment_config.read_text())
-    summary = launch(exp, args.experiment_config, args.strategy, args.model_dir, args.tokens, args.out)
+    try:
+        summary = launch(exp, args.experiment_config, args.strategy, args.model_dir, args.tokens, args.out)
+    except Interrupted as err:  # recorded in the attempt folder; the job itself must fail
+        print(f"[launch] {exp['name']}/{args.strategy}: {err}; nothing of the run is left running", flush=True)
+        return 128 + err.signum
     print(f"[launch] {exp['name']}/{args.strategy}: {summary['status']}", flush=True)
     return 0  # a failed run is a result, not a DAG failure
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from shardlab.core.data import TokenBatches
 from shardlab.runner.memory import ActivationProbe, peak_memory, reset_peak
+from shardlab.runner.faults import inject_fault
 from shardlab.runner.metrics import StepLog
 from shardlab.strategies.base import Strategy
 
@@ -49,8 +50,7 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
         inputs, labels = strategy.local_batch(*batches.global_batch(step))
         micro = strategy.micro_batches(inputs.to(device), labels.to(device))
 
-        if step == 1 and training["fault_injection"] == "raise_oom":
-            raise torch.OutOfMemoryError("fault injection: simulated out of memory at step 1")
+        inject_fault(training["fault_injection"], step, topo.rank)
         _synchronize(device)
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
@@ -76,7 +76,8 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
         record = {"step": step, "loss": loss, "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time,
                   "comm_time_s": comm, "elapsed_s": time.perf_counter() - started}
         if (training["eval_every"] and (step + 1) % training["eval_every"] == 0) or step == training["steps"] - 1:
-            record["val_loss"] = validation_loss(strategy, batches, training["eval_batches"])
+            with strategy.comm.paused():  # evaluation traffic is no step's communication time
+                record["val_loss"] = validation_loss(strategy, batches, training["eval_batches"])
         if topo.is_main:
             log.append(record)
             if step % training["log_every"] == 0 or step == training["steps"] - 1:

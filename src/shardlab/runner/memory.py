@@ -11,44 +11,95 @@ from collections import defaultdict
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 
 def _storage_key(t: torch.Tensor) -> int:
-    # _cdata identifies the storage object itself; data_ptr is reused after frees.
+    # _cdata is the address of the storage object: unique only while that object exists, so every key
+    # kept across time is pinned by a StorageWeakRef (below).
     return t.untyped_storage()._cdata
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (read as an attribute: no autograd op inside a pack hook), else `t`."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
+def parameter_forms(p: torch.Tensor) -> list[torch.Tensor]:
+    """Every tensor a parameter's bytes live in right now: its current `.data` (ZeRO-3's gathered full
+    weight during forward, FSDP2's unsharded parameter), its DTensor local shard, its ZeRO-3 partition."""
+    forms = [_local(p)]  # a plain tensor is its own local form; a DTensor has no storage of its own
+    ds_tensor = getattr(p, "ds_tensor", None)
+    if isinstance(ds_tensor, torch.Tensor):
+        forms.append(ds_tensor)
+    return forms
+
+
+def parameter_storages(params) -> dict[int, StorageWeakRef]:
+    """Key -> weak reference of every storage held by `params` now. The weak reference keeps the storage
+    object (not its bytes) alive, so a freed parameter storage's key cannot be taken by an activation."""
+    out = {}
+    for p in params:
+        for form in parameter_forms(p):
+            if form.device.type != "meta":
+                out.setdefault(_storage_key(form), StorageWeakRef(form.untyped_storage()))
+    return out
 
 
 class ActivationProbe:
     """Count the bytes autograd saves for backward during a forward, deduplicated by storage.
 
-    Parameters and views of parameters are not activations and are left out. Each saved storage is
-    attributed to the innermost module running when it was first saved (e.g.
-    `gpt_neox.layers.0.attention.query_key_value`), so callers can sum by component.
+    Parameters and views of parameters are not activations and are left out, in every form a strategy
+    gives them (see `parameter_forms`). Which storages are parameters is read at pack time, because
+    ZeRO-3 and FSDP2 gather weights into fresh storages only for the module running: a set taken
+    before the forward holds only shards and placeholders. Each saved storage is attributed to the
+    innermost module running when it was first saved (e.g. `gpt_neox.layers.0.attention.query_key_value`),
+    so callers can sum by component.
     """
 
     def __init__(self, module: nn.Module, exclude: list[torch.Tensor] = ()):
         self.module = module
-        self.exclude = {_storage_key(_local(p)) for p in [*module.parameters(), *exclude]}
-        self.seen: dict[int, tuple[int, str]] = {}
+        self.extra = list(exclude)  # held, so their storages stay theirs
+        self.seen: dict[int, tuple[int, str, StorageWeakRef]] = {}
+        self._params: dict[int, StorageWeakRef] | None = None  # cache, refreshed at each module boundary
         self._stack: list[str] = []
         self._handles = []
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _parameter_keys(self) -> dict[int, StorageWeakRef]:
+        # ZeRO-3 and FSDP2 gather and free weights in their module hooks (registered before ours, so run
+        # first): a cache dropped at every module boundary is current when a tensor is saved, and its
+        # weak references keep any stale entry from matching a new activation's storage.
+        if self._params is None:
+            self._params = parameter_storages([*self.module.parameters(), *self.extra])
+        return self._params
+
+    def is_parameter(self, t: torch.Tensor, local: torch.Tensor) -> bool:
+        """`t` is a parameter, or `local` (its storage-holding form) shares storage with one (a view)."""
+        if isinstance(t, nn.Parameter) or hasattr(t, "ds_id"):
+            return True
+        return _storage_key(local) in self._parameter_keys()
 
     def _pack(self, t: torch.Tensor):
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             local = _local(t)
             key = _storage_key(local)
-            if key not in self.exclude and key not in self.seen:
-                self.seen[key] = (local.untyped_storage().nbytes(), self._stack[-1] if self._stack else "")
+            if key not in self.seen and not self.is_parameter(t, local):
+                storage = local.untyped_storage()
+                # The weak reference pins the key: a later activation cannot reuse it and look "seen".
+                self.seen[key] = (storage.nbytes(), self._stack[-1] if self._stack else "", StorageWeakRef(storage))
         return t
 
     def _enter_module(self, name: str):
         def hook(module, args):
+            self._params = None
             self._stack.append(name)
 
         return hook
 
     def _leave_module(self, module, args, output):
+        self._params = None
         self._stack.pop()  # returns None, so the module's output is left untouched
 
     def __enter__(self):
@@ -66,17 +117,13 @@ class ActivationProbe:
 
     @property
     def total_bytes(self) -> int:
-        return sum(nbytes for nbytes, _ in self.seen.values())
+        return sum(nbytes for nbytes, _, _ in self.seen.values())
 
     def bytes_by_module(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
-        for nbytes, name in self.seen.values():
+        for nbytes, name, _ in self.seen.values():
             out[name] += nbytes
         return dict(out)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def reset_peak(device: torch.device) -> None:

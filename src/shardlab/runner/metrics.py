@@ -29,16 +29,24 @@ def environment(topo) -> dict:
         "backend": topo.backend,
         "threads_per_rank": torch.get_num_threads(),
         "hostname": platform.node(),
-        "git_commit": git_commit(),
+        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        "git_dirty": git_dirty(),
     }
 
 
-def git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+def git_dirty() -> bool | None:
+    """Whether tracked files differ from `git_commit` (the run's code is then not that commit's);
+    None outside a git checkout."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)
 
 
 class StepLog:

@@ -86,9 +86,10 @@ def save_final_model(strategy, model, tokenizer_dir: Path, out: Path) -> None:
 def run(args: argparse.Namespace) -> None:
     exp = json.loads(args.experiment_config.read_text())
     training = exp["training"]
-    topo = init_topology(exp["launch"])
     out = args.out
+    rank = int(os.environ.get("RANK", 0))  # known before the process group exists, so init failures are recorded
     try:
+        topo = init_topology(exp["launch"])
         make_reproducible(training)
         model = load_model(args.model_dir)
         n_params = count_parameters(model)
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> None:
                            train_wall_s=time.time() - started)
             write_json(out / "summary.json", summary)
     except BaseException as err:
-        write_json(out / f"error_rank{topo.rank}.json", {
-            "rank": topo.rank, "type": type(err).__name__, "message": str(err)[:2000],
+        write_json(out / f"error_rank{rank}.json", {
+            "rank": rank, "type": type(err).__name__, "message": str(err)[:2000], "time": time.time(),
             "oom": is_out_of_memory(err), "traceback": traceback.format_exc()[-4000:]})
         raise
     finally:

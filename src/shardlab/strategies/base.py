@@ -54,18 +54,37 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 class CommTimer:
-    """Wall time this rank spends blocked in communication it issues itself."""
+    """Wall time this rank spends blocked in communication it issues itself.
 
-    def __init__(self):
+    On CUDA a collective call (even a "synchronous" NCCL one) returns once it is enqueued, so the
+    timer synchronizes the device at both ends: before, so that compute still queued is not
+    counted as communication; after, so that the collective has completed. On CPU (gloo) the call
+    returns when it is done and nothing is added.
+    """
+
+    def __init__(self, device: torch.device | None = None):
         self.seconds = 0.0
+        on_cuda = device is not None and device.type == "cuda"
+        self._synchronize = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
 
     @contextlib.contextmanager
     def blocked(self):
+        self._synchronize()
         start = time.perf_counter()
         try:
             yield
         finally:
+            self._synchronize()
             self.seconds += time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Communication inside this block is not counted (e.g. validation between two steps)."""
+        before = self.seconds
+        try:
+            yield
+        finally:
+            self.seconds = before
 
     def pop(self) -> float:
         seconds, self.seconds = self.seconds, 0.0
@@ -82,7 +101,7 @@ class Strategy:
         self.topo = topo
         self.training = training
         self.options = options
-        self.comm = CommTimer()
+        self.comm = CommTimer(topo.device)
         self.model = self.wrap(model.to(topo.device))
         self.optimizer = self.make_optimizer()
 

@@ -70,7 +70,7 @@ def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], li
 
 
 ENVIRONMENT = ("device_type", "device_name", "backend", "world_size", "threads_per_rank", "torch", "transformers",
-               "python", "git_commit")
+               "python", "git_commit", "git_dirty")
 
 
 def _ok(runs: pd.DataFrame) -> pd.DataFrame:

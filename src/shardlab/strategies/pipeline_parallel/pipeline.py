@@ -9,6 +9,11 @@ micro-batches (`scale_grads=True`), so gradients equal the whole-batch mean grad
 
 Every rank sees the whole local batch: the first stage reads the tokens, the last the labels.
 Only the last stage knows the loss; `reduce_loss` shares it with every rank.
+
+Measurement (`measure.py`: op timeline, live saved bytes, and the barrier that aligns the stages'
+clocks) runs only on steps the loop does not time: the warm-up steps after step 0, topped up to
+`MEASURED_STEPS` with extra steps after training. Timed steps run the bare schedule, so a pipeline's
+step time compares fairly with every other strategy's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from shardlab.strategies.pipeline_parallel.measure import LiveSavedBytes, OpTime
 from shardlab.strategies.pipeline_parallel.options import DEFAULT_MICROBATCHES
 from shardlab.costs.shapes import stage_units
 from shardlab.strategies.pipeline_parallel.stages import NeoXStage
+
+#: Steps whose op timeline and live saved bytes are recorded (medians over them): the untimed warm-up
+#: steps after step 0, topped up with extra untimed steps after training when warm-up has fewer.
+MEASURED_STEPS = 5
 
 
 class TimedStage(PipelineStage):
@@ -76,6 +85,8 @@ class PipelineParallel(Strategy):
         self._calls = 0
         self._live_peaks: list[int] = []
         self._saved_totals: list[int] = []
+        self._instrumented_steps: list[int] = []  # loop step indices (>= training.steps: extra steps)
+        self._after_eval = False  # the last schedule call was an evaluation
         return nn.ModuleList(modules)
 
     def build_schedule(self, stages):
@@ -92,32 +103,58 @@ class PipelineParallel(Strategy):
         return ((inputs,) if self.holds_first else ()), (labels if self.holds_last else None)
 
     def forward_backward(self, inputs, labels, scale):
+        step = self._calls  # the loop's step index: the schedule takes the whole batch, one call per step
         self._calls += 1
-        # Step 1 is left to the loop's ActivationProbe (saved-tensor hooks do not nest) and warm-up.
-        measuring = self._calls > max(1, self.training["warmup_steps"])
+        self._last_batch = (inputs, labels)
+        return self._run_schedule(inputs, labels, instrumented=self._instruments(step), step=step)
+
+    def _instruments(self, step: int) -> bool:
+        """Instrument only untimed steps: the warm-up steps after step 0 (the loop's ActivationProbe uses
+        step 0, and saved-tensor hooks do not nest). Timed steps run exactly like every other strategy's.
+        Not a step right after an evaluation: switching the schedule from eval back to training re-runs
+        its set-up (P2P warm-up, shape inference) inside that step, adding idle time and saved bytes."""
+        return 1 <= step < self.training["warmup_steps"] and not self._after_eval
+
+    def _run_schedule(self, inputs, labels, instrumented: bool, step: int) -> torch.Tensor:
+        """One schedule step; when `instrumented`, record its op timeline and live saved bytes."""
         args, target = self._schedule_args(inputs, labels)
         losses: list[torch.Tensor] = []
-        tracker = LiveSavedBytes(self.model.parameters()) if measuring else contextlib.nullcontext()
-        dist.barrier(group=self.pp_group)  # stages start the step together: timestamps share an origin
-        self.timeline.recording = measuring
-        if measuring:
+        tracker = LiveSavedBytes(self.model.parameters()) if instrumented else contextlib.nullcontext()
+        if instrumented:
+            dist.barrier(group=self.pp_group)  # stages start the step together: timestamps share an origin
             self.timeline.begin_step()
+        self.timeline.recording = instrumented
         try:
             with tracker:
                 self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         finally:
             self.timeline.recording = False
-        if measuring:
+        self._after_eval = False
+        if instrumented:
             self.timeline.end_step()
             self._live_peaks.append(tracker.peak)
             self._saved_totals.append(tracker.total)
+            self._instrumented_steps.append(step)
         return torch.stack(losses).mean().detach() if losses else torch.zeros(())
+
+    def _measure_after_training(self) -> None:
+        """Top the warm-up measurements up to MEASURED_STEPS with extra schedule steps on the last batch
+        after training (forward and backward only: no optimizer step, gradients dropped; untimed, and
+        after the loop has read peak memory)."""
+        missing = MEASURED_STEPS - len(self._instrumented_steps)
+        if missing <= 0 or not hasattr(self, "_last_batch"):
+            return
+        steps = [self._calls + k for k in range(missing + self._after_eval)]
+        for k, step in enumerate(steps):  # after the final evaluation, one bare step re-sets up the schedule
+            self._run_schedule(*self._last_batch, instrumented=k >= len(steps) - missing, step=step)
+            self.zero_grad()
 
     @torch.no_grad()
     def evaluate(self, inputs, labels):
         args, target = self._schedule_args(inputs, labels)
         losses: list[torch.Tensor] = []
         self.schedule.eval(*args, target=target, losses=losses)
+        self._after_eval = True
         return torch.stack(losses).mean() if losses else torch.zeros(())
 
     def reduce_loss(self, loss):
@@ -129,6 +166,7 @@ class PipelineParallel(Strategy):
 
     # --- measurement --------------------------------------------------------------------
     def extra_metrics(self) -> dict:
+        self._measure_after_training()
         steps = self.timeline.steps
         out = {"pp_schedule": type(self.schedule).__name__, "pp_size": self.pp_size,
                "pp_virtual_stages": self.virtual_stages, "pp_n_microbatches": self.n_microbatches,
@@ -143,6 +181,7 @@ class PipelineParallel(Strategy):
         last = steps[-1]
         out.update(
             pp_measured_steps=len(steps),
+            pp_instrumented_steps=list(self._instrumented_steps),
             pp_step_span_s=statistics.median(spans.tolist()),
             pp_busy_s=statistics.median(busy),
             pp_idle_fraction=statistics.median(i / s for i, s in zip(idle, spans.tolist())),

@@ -1,0 +1,35 @@
+"""Test hooks (`training.fault_injection`): failures the launcher must record correctly, injected at
+step 1 so that step 0's metrics exist. Each stands in for a real failure mode:
+
+- raise_oom: every rank raises an out-of-memory error;
+- oom_rank1: only rank 1 runs out of memory (the others then see their peer disconnect);
+- kill_rank0: rank 0 dies by SIGKILL, as under the kernel's out-of-memory killer (no error file);
+- hang: every rank stops silently (a stuck collective), so only the launcher's deadline ends the run;
+- non_utf8: rank 0 prints bytes that are not UTF-8, then trains on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import torch
+
+FAULT_STEP = 1
+
+
+def inject_fault(kind: str, step: int, rank: int) -> None:
+    if step != FAULT_STEP or kind in ("none", "skip_grad_average"):  # skip_grad_average lives in the DP strategies
+        return
+    if kind == "raise_oom" or (kind == "oom_rank1" and rank == 1):
+        raise torch.OutOfMemoryError(f"fault injection: simulated out of memory at step {step} on rank {rank}")
+    if kind == "kill_rank0" and rank == 0:
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        time.sleep(3600)
+    if kind == "non_utf8" and rank == 0:
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), b"fault injection: bytes that are not UTF-8: \xff\xfe\xc3\x28\n")
