@@ -30,6 +30,49 @@ def test_runpod_profile_resolves_from_repository_root():
     assert "run_strategy" in proc.stdout
 
 
+def test_workflow_runs_from_another_directory(tmp_path):
+    """`--directory` elsewhere: data, code and report inputs resolve against the repository (as the
+    config check does), and a data job reads the shipped file from there."""
+    base = ["--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile",
+            str(REPO / "config" / "test.yaml")]
+    proc = snakemake("-n", *base, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    proc = snakemake("results/science_biology/splits/manifest.json", "--cores", "1", *base, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    manifest = json.loads((tmp_path / "results/science_biology/splits/manifest.json").read_text())
+    assert sum(part["rows"] for part in manifest["parts"].values()) > 0
+
+
+def _run_job_requests(local: bool, monkeypatch) -> dict[str, tuple[int, int]]:
+    """{strategy: (threads, gpus)} of the data_parallel runs, on a 64-core submit host with launch.device
+    cuda and 3 threads per rank, under the local executor or (local=False) a cluster executor."""
+    from types import SimpleNamespace
+
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, ResourceSettings
+    from snakemake.workflow import Workflow
+
+    monkeypatch.setattr(Workflow, "local_exec", property(lambda self: local))
+    overrides = {"defaults": {"launch": {"device": "cuda", "threads_per_rank": 3}}}
+    with SnakemakeApi() as api:
+        workflow = api.workflow(resource_settings=ResourceSettings(cores=64), snakefile=REPO / "Snakefile",
+                                config_settings=ConfigSettings(configfiles=[REPO / "config/test.yaml"], config=overrides),
+                                workdir=REPO)
+        rule = workflow.dag().workflow_api._workflow.get_rule("run_strategy")
+        requests = {}
+        for strategy in ("single", "ddp"):
+            wildcards = SimpleNamespace(exp="data_parallel", strategy=strategy)
+            requests[strategy] = tuple(rule.resources[r].evaluate(wildcards).value for r in ("_cores", "gpu"))
+    return requests
+
+
+def test_run_jobs_request_what_they_use_and_gpus_for_cuda(monkeypatch):
+    """Locally a run takes every core (runs never overlap); under a cluster executor it asks for ranks x
+    threads_per_rank, never the submit host's core count, and one GPU per rank for cuda runs."""
+    assert _run_job_requests(False, monkeypatch) == {"single": (3, 1), "ddp": (2 * 3, 2)}
+    assert _run_job_requests(True, monkeypatch) == {"single": (64, 1), "ddp": (64, 2)}
+
+
 @pytest.mark.e2e
 def test_dag_end_to_end_on_reduced_config(tmp_path):
     results, resources = tmp_path / "results", tmp_path / "resources"
@@ -90,3 +133,23 @@ def test_hub_model_offline_gives_a_clear_error(tmp_path):
     assert "could not download 'EleutherAI/pythia-160m'" in proc.stderr
     assert "model.source: local" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_run_declares_the_code_it_executes():
+    """Editing a strategy reruns its family's runs only; editing the loop reruns every run."""
+    from types import SimpleNamespace
+
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, ResourceSettings
+
+    with SnakemakeApi() as api:
+        workflow = api.workflow(resource_settings=ResourceSettings(cores=2), snakefile=REPO / "Snakefile",
+                                config_settings=ConfigSettings(configfiles=[REPO / "config/test.yaml"]), workdir=REPO)
+        code = workflow.dag().workflow_api._workflow.get_rule("run_strategy").input.get("code")
+        files = {s: {str(Path(f).relative_to(REPO / "src/shardlab")) for f in code(SimpleNamespace(strategy=s))}
+                 for s in ("single", "dp_naive", "zero2")}
+    for strategy in files:
+        assert {"runner/loop.py", "runner/worker.py", "core/model.py", "strategies/base.py"} <= files[strategy]
+    assert "strategies/data_parallel/naive.py" in files["dp_naive"] and "strategies/zero/deepspeed.py" in files["zero2"]
+    assert not any(f.startswith("strategies/zero/") for f in files["dp_naive"] | files["single"])
+    assert "strategies/single.py" in files["single"]

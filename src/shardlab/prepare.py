@@ -37,8 +37,11 @@ def data_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--base-dir", type=Path, default=Path("."), help="what a relative data path is relative to")
     args = parser.parse_args(argv)
-    meta = prepare_corpus(json.loads(args.data_json), json.loads(args.model_json), args.model_dir, args.out)
+    data = json.loads(args.data_json)
+    data["path"] = str(args.base_dir / data["path"])  # an absolute path stays as it is
+    meta = prepare_corpus(data, json.loads(args.model_json), args.model_dir, args.out)
     print(f"corpus '{meta['corpus']}': {meta['documents']} documents, {meta['tokens']} tokens, "
           f"{meta['skipped_rows']} malformed rows skipped -> {args.out}")
     return 0

@@ -62,6 +62,11 @@ def table_files(*names):
 SRC = f"{workflow.basedir}/src/shardlab"  # absolute: inputs hold under --directory too
 
 
+def repo_path(path):
+    """A path from the config (e.g. data.path), relative to the repository, as the config check reads it."""
+    return os.path.join(workflow.basedir, path)
+
+
 def code(*modules):
     """Source files of shardlab modules (e.g. 'tables/zero'): a rule reruns when they change."""
     return [f"{SRC}/{m}.py" for m in modules]
@@ -72,7 +77,12 @@ def job_threads(threads_used):
     overlap and none's timings are polluted by another's; under a cluster executor what the job
     itself uses, never the submit host's core count (which is not even defined there).
     """
-    return workflow.cores if workflow.local_exec else threads_used
+    if not workflow.local_exec:
+        return threads_used
+    try:
+        return workflow.cores
+    except WorkflowError:  # no --cores (e.g. --summary): nothing is scheduled
+        return threads_used
 
 
 def launch_threads(launch, world):
@@ -83,6 +93,15 @@ def launch_threads(launch, world):
 def run_threads(exp, strategy):
     world = get_spec(strategy).world_size(EXPERIMENTS[exp])
     return job_threads(launch_threads(EXPERIMENTS[exp]["launch"], world))
+
+
+def run_gpus(exp, strategy):
+    """GPUs a run asks its executor for: one per rank when launch.device is cuda ('auto' ranks: every
+    GPU of the machine it lands on, so none is requested; a cluster run needs a number). A run that
+    asks for cuda and gets none fails with that reason rather than training on CPU."""
+    launch = EXPERIMENTS[exp]["launch"]
+    world = get_spec(strategy).world_size(EXPERIMENTS[exp])
+    return int(world) if launch["device"] == "cuda" and world != "auto" else 0
 
 
 def run_code(strategy):

@@ -18,7 +18,7 @@ rule prepare_model:
 rule prepare_data:
     input:
         flag=f"{RESOURCES}/models/{{model}}/shardlab_model.json",
-        source=lambda w: CORPORA[w.corpus]["path"],
+        source=lambda w: repo_path(CORPORA[w.corpus]["path"]),
     output:
         f"{RESOURCES}/data/{{model}}/{{corpus}}/tokens.npy",
     log:
@@ -30,6 +30,7 @@ rule prepare_data:
         model=lambda w: json.dumps(MODELS[w.model], sort_keys=True),
         model_dir=lambda w: model_dir(w.model),
         out=lambda w: f"{RESOURCES}/data/{w.model}/{w.corpus}",
+        base=workflow.basedir,
     shell:
         "python -m shardlab prepare-data --data-json {params.data:q} --model-json {params.model:q}"
-        " --model-dir {params.model_dir} --out {params.out} > {log} 2>&1"
+        " --model-dir {params.model_dir} --out {params.out} --base-dir {params.base:q} > {log} 2>&1"

@@ -32,6 +32,8 @@ rule run_strategy:
         ENV
     # Locally all cores: runs never overlap, so no run's timings are polluted by another's.
     threads: lambda w: run_threads(w.exp, w.strategy)
+    resources:
+        gpu=lambda w: run_gpus(w.exp, w.strategy),
     params:
         model_dir=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
         out=lambda w: run_dir(w.exp, w.strategy),

@@ -29,7 +29,7 @@ SCIENCE_INPUTS = {
 rule science_splits:
     input:
         settings=settings_file("{exp}"),
-        source=lambda w: EXPERIMENTS[w.exp]["data"]["path"],
+        source=lambda w: repo_path(EXPERIMENTS[w.exp]["data"]["path"]),
     output:
         manifest=f"{RESULTS}/{{exp}}/splits/manifest.json",
         parts=[
@@ -42,8 +42,10 @@ rule science_splits:
         ENV
     params:
         out=lambda w: f"{RESULTS}/{w.exp}/splits",
+        base=workflow.basedir,
     shell:
-        "python -m shardlab.core.splits --config {input.settings} --out {params.out} > {log} 2>&1"
+        "python -m shardlab.core.splits --config {input.settings} --out {params.out} --base-dir {params.base:q}"
+        " > {log} 2>&1"
 
 
 rule science_evaluate:

@@ -55,7 +55,7 @@ def rows_of_part(path: Path | str, split: dict, part: str, base_dir: Path | str 
         yield from read_rows(Path(base_dir) / split["test_path"])[1]
         return
     seed, val, test = split_settings(split)
-    columns, rows = read_rows(path)
+    columns, rows = read_rows(Path(base_dir) / path)
     key = columns[0]
     for row in rows:
         if part_of((row.get(key) or "").strip(), seed, val, test) == part:
@@ -70,7 +70,7 @@ def write_splits(path: Path | str, split: dict, out_dir: Path | str, base_dir: P
     manifest = {"source": str(path), "test_source": split.get("test_path"), "seed": seed,
                 "validation_fraction": val, "test_fraction": test, "key": None, "parts": {}}
     for part in PARTS:
-        source = Path(base_dir) / split["test_path"] if part == "test" and split.get("test_path") else path
+        source = Path(base_dir) / (split["test_path"] if part == "test" and split.get("test_path") else path)
         columns = read_rows(source)[0]
         manifest["key"] = manifest["key"] or columns[0]
         target = out_dir / f"{part}.csv"
@@ -94,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardlab.core.splits")
     parser.add_argument("--config", type=Path, required=True, help="resolved experiment JSON")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--base-dir", type=Path, default=Path("."), help="what a relative data.path is relative to")
     args = parser.parse_args(argv)
     data = json.loads(args.config.read_text())["data"]
-    manifest = write_splits(data["path"], data.get("split") or {}, args.out)
+    manifest = write_splits(data["path"], data.get("split") or {}, args.out, base_dir=args.base_dir)
     counts = ", ".join(f"{p} {v['rows']}" for p, v in manifest["parts"].items())
     print(f"splits of {data['path']} (seed {manifest['seed']}): {counts} -> {args.out}")
     return 0
