@@ -22,7 +22,7 @@ import pandas as pd
 # allocator's and the imports' footprint, which moves between launches even on one machine).
 TIMING = re.compile(r"time|_s$|_s_|per_s|tokens_s|throughput|bw|GBps|comm_share|predicted_share|speedup|ratio|latency|alpha|beta|"
                     r"rel_err|r2|bubble_measured|fraction|overhead|seconds|wall|spread|iqr|p\d\d|mean_s|median|"
-                    r"started|finished|host|hostname|commit|python|version|pid|attempt|dirty|^peak_bytes$|peak_bytes_max_rank",
+                    r"bottleneck|started|finished|host|hostname|commit|python|version|pid|attempt|dirty|^peak_bytes$|peak_bytes_max_rank",
                     re.IGNORECASE)
 KEYS = ("experiment", "strategy", "rank", "step", "component", "module", "category", "collective", "size_bytes",
         "purpose", "stage", "rung", "domain", "metric", "name", "table", "split", "world_size", "schedule")

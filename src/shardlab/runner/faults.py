@@ -5,7 +5,9 @@ step 1 so that step 0's metrics exist. Each stands in for a real failure mode:
 - oom_rank1: only rank 1 runs out of memory (the others then see their peer disconnect);
 - kill_rank0: rank 0 dies by SIGKILL, as under the kernel's out-of-memory killer (no error file);
 - hang: every rank stops silently (a stuck collective), so only the launcher's deadline ends the run;
-- non_utf8: rank 0 prints bytes that are not UTF-8, then trains on.
+- non_utf8: rank 0 prints bytes that are not UTF-8, then trains on;
+- kill_rank1_once: rank 1 dies by SIGKILL at step 3 of a run that has not resumed (a rank lost
+  mid-run once; the resumed run, by a torchrun restart or a rerun, goes through).
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ import time
 import torch
 
 FAULT_STEP = 1
+ONCE_STEP = 3  # late enough for a checkpoint before it
 
 
-def inject_fault(kind: str, step: int, rank: int) -> None:
+def inject_fault(kind: str, step: int, rank: int, resumed: bool = False) -> None:
+    if kind == "kill_rank1_once" and step == ONCE_STEP and rank == 1 and not resumed:
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
     if step != FAULT_STEP or kind in ("none", "skip_grad_average"):  # skip_grad_average lives in the DP strategies
         return
     if kind == "raise_oom" or (kind == "oom_rank1" and rank == 1):

@@ -44,6 +44,11 @@ def torchrun_command(n_procs: int, run_args: list[str]) -> list[str]:
             "-m", "shardlab.runner.worker", *run_args]
 
 
+def checkpoint_dir(out: Path, strategy: str) -> Path:
+    """results/<exp>/checkpoints/<strategy>: beside the attempts, outlives any one of them."""
+    return out.parent.parent / "checkpoints" / strategy
+
+
 def model_record(model_dir: Path) -> dict:
     """{name, parameters} from the prepared model's record, so failed runs still say what they trained."""
     path = Path(model_dir) / "shardlab_model.json"
@@ -62,36 +67,54 @@ def clear_run_dir(out: Path) -> None:
 
 
 def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: Path, out: Path) -> dict:
-    """Run one strategy and record its outcome; raises Interrupted (after recording) on SIGTERM/SIGINT."""
+    """Run one strategy and record its outcome; raises Interrupted (after recording) on SIGTERM/SIGINT.
+
+    After a failure the run is started again, up to `launch.max_restarts` times, as a fresh torchrun
+    (new rendezvous) in a new attempt folder; with checkpoints (`training.checkpoint_every`) the
+    ranks resume from the latest complete one. (torchrun's own --max-restarts was tried first: its
+    restarted gloo workers failed to connect their full mesh or hung, so restarts live here.)"""
     out.mkdir(parents=True, exist_ok=True)
     clear_run_dir(out)
-    attempt = out.parent.parent / "attempts" / strategy / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    attempt.mkdir(parents=True, exist_ok=True)
-    timeout_s = exp["launch"]["timeout_s"]
     base = {"experiment": exp["name"], "strategy": strategy, "family": get_spec(strategy).family,
             "config_hash": config_hash(exp), "model": model_record(model_dir), "started": now(), "ranks": []}
-    stopped = None
+    earlier: list[str] = []
+    for restart in range(exp["launch"].get("max_restarts", 0) + 1):
+        attempt = out.parent.parent / "attempts" / strategy / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{restart}"
+        attempt.mkdir(parents=True, exist_ok=True)
+        summary, stopped = run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base, restart)
+        summary.update(attempt=str(attempt), finished=now(), restarts=earlier)
+        record_attempt(attempt, out, summary)
+        if stopped and stopped != "timeout":
+            raise Interrupted(signal.Signals[stopped])
+        if summary["status"] == "ok" or stopped or summary.get("world_size") is None:
+            break  # done, out of time, or rejected before launch: a restart would change nothing
+        earlier = [*earlier, f"{attempt.name}: {summary['status']}: {summary['reason']}"]
+        if restart < exp["launch"].get("max_restarts", 0):
+            print(f"[launch] {exp['name']}/{strategy}: restart {restart + 1} after {summary['reason']}", flush=True)
+    return summary
+
+
+def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base, restart) -> tuple[dict, str | None]:
+    """One torchrun of the run in `attempt`: (summary, why it was stopped, if it was)."""
     try:
         n_procs = resolve_world_size(exp, strategy)
         get_spec(strategy).check(exp, f"experiments.{exp['name']}", world=n_procs)
     except ConfigError as err:
         (attempt / "run.log").write_text(f"[launch] configuration rejected before launch: {err}\n")
-        summary = dict(base, status="failed", reason=str(err), world_size=None)
-    else:
-        print(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es) -> {attempt}", flush=True)
-        cmd = torchrun_command(n_procs, ["--experiment-config", str(exp_config), "--strategy", strategy,
-                                         "--model-dir", str(model_dir), "--tokens", str(tokens), "--out", str(attempt)])
-        rc, stopped = run_logged(cmd, attempt / "run.log", run_environment(exp), timeout_s, tag=str(attempt))
-        if rc == 0 and not stopped and (attempt / "summary.json").exists():
-            summary = json.loads((attempt / "summary.json").read_text())
-        else:
-            summary = dict(base, **failure_outcome(attempt, rc, stopped, timeout_s), world_size=n_procs)
-            print(f"[launch] {exp['name']}/{strategy}: recorded as {summary['status']}: {summary['reason']}", flush=True)
-    summary.update(attempt=str(attempt), finished=now())
-    record_attempt(attempt, out, summary)
-    if stopped and stopped != "timeout":
-        raise Interrupted(signal.Signals[stopped])
-    return summary
+        return dict(base, status="failed", reason=str(err), world_size=None), None
+    print(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es) -> {attempt}", flush=True)
+    run_args = ["--experiment-config", str(exp_config), "--strategy", strategy, "--model-dir", str(model_dir),
+                "--tokens", str(tokens), "--out", str(attempt)]
+    if exp["training"].get("checkpoint_every"):
+        run_args += ["--checkpoint-dir", str(checkpoint_dir(out, strategy))]
+    env = dict(run_environment(exp), SHARDLAB_RESTART=str(restart))
+    timeout_s = exp["launch"]["timeout_s"]
+    rc, stopped = run_logged(torchrun_command(n_procs, run_args), attempt / "run.log", env, timeout_s, tag=str(attempt))
+    if rc == 0 and not stopped and (attempt / "summary.json").exists():
+        return json.loads((attempt / "summary.json").read_text()), None
+    summary = dict(base, **failure_outcome(attempt, rc, stopped, timeout_s), world_size=n_procs)
+    print(f"[launch] {exp['name']}/{strategy}: recorded as {summary['status']}: {summary['reason']}", flush=True)
+    return summary, stopped
 
 
 def run_environment(exp: dict) -> dict:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from shardlab.core.data import TokenBatches
+from shardlab.runner.checkpoint import Checkpointer
 from shardlab.runner.memory import ActivationProbe, peak_memory, reset_peak
 from shardlab.runner.faults import inject_fault
 from shardlab.runner.metrics import StepLog
@@ -39,24 +40,27 @@ def validation_loss(strategy: Strategy, batches: TokenBatches, n_batches: int) -
     return sum(losses) / len(losses)
 
 
-def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLog, label: str = "") -> dict:
-    """Run `training.steps` optimizer steps; returns this rank's memory measurements."""
+def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLog, label: str = "",
+          start_step: int = 0, checkpoint: Checkpointer | None = None, resumes: list | None = None) -> dict:
+    """Run optimizer steps `start_step`..`training.steps - 1` (a resumed run starts past 0), saving a
+    checkpoint when one is due; returns this rank's memory measurements."""
     topo, device = strategy.topo, strategy.topo.device
     tokens_per_step = training["global_batch_size"] * training["seq_len"]
     measured: dict = {}
     reset_peak(device)
     started = time.perf_counter()
-    for step in range(training["steps"]):
+    for step in range(start_step, training["steps"]):
         inputs, labels = strategy.local_batch(*batches.global_batch(step))
         micro = strategy.micro_batches(inputs.to(device), labels.to(device))
+        first = step == start_step  # the probe step (step 0, or the first step after a resume)
 
-        inject_fault(training["fault_injection"], step, topo.rank)
+        inject_fault(training["fault_injection"], step, topo.rank, resumed=start_step > 0)
         _synchronize(device)
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         for i, (x, y) in enumerate(micro):
-            # Step 0 (a warm-up step, never timed) also counts activations of its first micro-batch.
-            probe = ActivationProbe(strategy.probe_module) if step == 0 and i == 0 else contextlib.nullcontext()
+            # The first step (step 0: a warm-up step, never timed) also counts activations of its first micro-batch.
+            probe = ActivationProbe(strategy.probe_module) if first and i == 0 else contextlib.nullcontext()
             with strategy.accumulating(last=i == len(micro) - 1), probe:
                 loss_sum += strategy.forward_backward(x, y, scale=1.0 / len(micro))
             if isinstance(probe, ActivationProbe):
@@ -67,7 +71,7 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
         _synchronize(device)
         step_time = time.perf_counter() - t0
 
-        if step == 0:
+        if first:
             measured.update(strategy.state_bytes())  # gradients and optimizer state exist now
         strategy.zero_grad()
         comm = strategy.comm_seconds()
@@ -83,6 +87,10 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
             if step % training["log_every"] == 0 or step == training["steps"] - 1:
                 print(f"[{label}] step {step + 1}/{training['steps']} loss {loss:.4f} "
                       f"{record['tokens_per_s']:,.0f} tokens/s ({step_time * 1e3:.1f} ms/step)", flush=True)
+        if checkpoint and checkpoint.due(step, training["steps"] - 1):
+            checkpoint.save(strategy, step, {"records": log.records, "resumes": resumes or []})
     measured.update(peak_memory(device))
     measured.update(strategy.extra_metrics())
+    if checkpoint and checkpoint.seconds:
+        measured.update(checkpoint_s=checkpoint.seconds, checkpoint_bytes=checkpoint.bytes)
     return measured

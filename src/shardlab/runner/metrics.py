@@ -58,6 +58,12 @@ class StepLog:
         if path:
             path.write_text("")
 
+    def restore(self, records: list[dict]) -> None:
+        """Start from a checkpoint's records (a resumed run): no step twice, none missing."""
+        self.records = list(records)
+        if self.path:
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+
     def append(self, record: dict) -> None:
         self.records.append(record)
         if self.path:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
+from shardlab.runner.checkpoint import Checkpointer
 from shardlab.runner.metrics import StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model
 from shardlab.strategies import get_spec
@@ -83,6 +84,25 @@ def save_final_model(strategy, model, tokenizer_dir: Path, out: Path) -> None:
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
 
 
+def resume(args, exp: dict, topo, strategy, log: StepLog) -> tuple[Checkpointer | None, int, list[dict]]:
+    """(checkpointer, first step to run, resumes so far): from the latest complete checkpoint, if any."""
+    every = exp["training"].get("checkpoint_every", 0)
+    if not every or args.checkpoint_dir is None:
+        return None, 0, []
+    checkpoint = Checkpointer(args.checkpoint_dir, every, config_hash(exp), topo.rank, topo.world_size)
+    latest = checkpoint.latest()
+    if latest is None:
+        return checkpoint, 0, []
+    step, path = latest
+    meta = checkpoint.load(strategy, path)
+    log.restore(meta["records"])
+    resumes = [*meta.get("resumes", []), {"from_step": step + 1, "at": now(), "world_size": topo.world_size,
+                                           "restart": int(os.environ.get("SHARDLAB_RESTART", 0))}]
+    if topo.is_main:
+        print(f"[{args.strategy}] resuming: steps 0-{step} restored from {path}", flush=True)
+    return checkpoint, step + 1, resumes
+
+
 def run(args: argparse.Namespace) -> None:
     exp = json.loads(args.experiment_config.read_text())
     training = exp["training"]
@@ -105,7 +125,9 @@ def run(args: argparse.Namespace) -> None:
             print(f"[{args.strategy}] {exp['name']}: {n_params:,} parameters, {topo.world_size} rank(s), "
                   f"{topo.backend} on {topo.device.type}", flush=True)
         started = time.time()
-        measured = train(strategy, batches, training, log, label=args.strategy)
+        checkpoint, start_step, resumes = resume(args, exp, topo, strategy, log)
+        measured = train(strategy, batches, training, log, label=args.strategy, start_step=start_step,
+                         checkpoint=checkpoint, resumes=resumes)
         if training.get("save_model"):
             save_final_model(strategy, model, args.tokens.parent, out / "model")
         measured["rank"] = topo.rank
@@ -114,8 +136,10 @@ def run(args: argparse.Namespace) -> None:
         if topo.is_main:
             summary = summarize(exp, args.strategy, log.records, ranks, environment(topo), n_params)
             summary.update(started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), finished=now(),
-                           train_wall_s=time.time() - started)
+                           train_wall_s=time.time() - started, resumes=resumes)
             write_json(out / "summary.json", summary)
+        if checkpoint:
+            checkpoint.remove_all()  # finished: a rerun of this run starts again from step 0
     except BaseException as err:
         write_json(out / f"error_rank{rank}.json", {
             "rank": rank, "type": type(err).__name__, "message": str(err)[:2000], "time": time.time(),
@@ -132,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--tokens", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="where checkpoints live across attempts")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     run(args)

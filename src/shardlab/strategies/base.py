@@ -179,6 +179,10 @@ class Strategy:
         return float(loss)
 
     # --- results --------------------------------------------------------------------------
+    def checkpoint_modules(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """What a checkpoint holds (runner.checkpoint, through torch.distributed.checkpoint)."""
+        return self.model, self.optimizer
+
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The complete, unsharded model state on the main rank (None elsewhere); call on every rank.
 
