@@ -39,7 +39,7 @@ def uninterrupted(tiny_assets, tmp_path_factory):
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2_full"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2_full", "zero3", "tp_sp_dtensor", "cp_ring"])
 def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uninterrupted):
     summary, steps = run_strategy(strategy, {"training": {"checkpoint_every": EVERY, "fault_injection": "kill_rank1_once"},
                                              "launch": {"max_restarts": 1}})
@@ -92,8 +92,8 @@ def test_partial_and_foreign_checkpoints_are_never_loaded(tmp_path, capsys):
 
 def test_a_strategy_that_cannot_resume_is_rejected_before_launch():
     exp = dict(TEST_EXPERIMENT, training=dict(TEST_EXPERIMENT["training"], checkpoint_every=2))
-    assert not REGISTRY["zero2"].resumable
+    assert not REGISTRY["tp"].resumable
     with pytest.raises(ConfigError, match="cannot checkpoint") as err:
-        REGISTRY["zero2"].check(exp, "experiments.test")
+        REGISTRY["tp"].check(exp, "experiments.test")
     assert err.value.field == "experiments.test.training.checkpoint_every"
     REGISTRY["ddp"].check(exp, "experiments.test")

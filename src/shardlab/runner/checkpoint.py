@@ -1,9 +1,9 @@
 """Checkpoints and resume (`training.checkpoint_every`): a run that dies continues from its latest
 complete checkpoint, with the same per-step losses as an uninterrupted run.
 
-A checkpoint is a folder `<root>/step-<N>/`: model and optimizer state through
-`torch.distributed.checkpoint` (DCP; each rank writes its own shards, so sharded strategies such
-as FSDP2 never gather), every rank's RNG states, and `meta.json` (step, config hash, the step
+A checkpoint is a folder `<root>/step-<N>/`: model and optimizer state as the strategy saves them
+(`Strategy.save_state`: torch.distributed.checkpoint by default, each rank writing its own shards;
+DeepSpeed's own `save_checkpoint` for the ZeRO rungs), every rank's RNG states, and `meta.json` (step, config hash, the step
 records so far, earlier resumes). It is written under a temporary name and renamed when every
 rank has finished, so a folder named `step-<N>` is complete; anything else (a crash mid-write) is
 skipped with a message and removed, never loaded. The data position is the step itself: batches
@@ -23,8 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 KEEP = 2  # complete checkpoints kept: the newest, and the one before in case the newest is damaged
 NAME = re.compile(r"^step-(\d{8})$")
@@ -85,8 +83,7 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        model_state, optim_state = get_state_dict(*strategy.checkpoint_modules())
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)
+        strategy.save_state(tmp)
         torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
         _barrier()
         if self.rank == 0:
@@ -100,11 +97,7 @@ class Checkpointer:
 
     def load(self, strategy, path: Path) -> dict:
         """Restore model, optimizer and this rank's RNG states; returns the checkpoint's meta."""
-        model_state, optim_state = get_state_dict(*strategy.checkpoint_modules())
-        state = {"model": model_state, "optimizer": optim_state}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(*strategy.checkpoint_modules(), model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        strategy.load_state(path)
         meta = json.loads((path / "meta.json").read_text())
         rng = path / f"rng_rank{self.rank}.pt"
         if meta["world_size"] == self.world_size and rng.exists():

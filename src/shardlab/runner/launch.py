@@ -133,6 +133,7 @@ def record_attempt(attempt: Path, out: Path, summary: dict) -> None:
         if (attempt / name).exists():
             shutil.copy2(attempt / name, out / name)
     for folder in ("artifacts", "model"):  # what the strategy saved (ds_config.json), training.save_model
+        shutil.rmtree(out / folder, ignore_errors=True)  # an earlier restart's copy
         if (attempt / folder).is_dir():
             shutil.copytree(attempt / folder, out / folder)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -179,9 +180,24 @@ class Strategy:
         return float(loss)
 
     # --- results --------------------------------------------------------------------------
-    def checkpoint_modules(self) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """What a checkpoint holds (runner.checkpoint, through torch.distributed.checkpoint)."""
-        return self.model, self.optimizer
+    def save_state(self, folder: Path) -> None:
+        """Write model and optimizer state into `folder` (collective: every rank calls it). The default
+        is torch.distributed.checkpoint: each rank writes its own shards (FSDP2 and DTensor never
+        gather), a replicated tensor is written once."""
+        import torch.distributed.checkpoint as dcp  # here: only runs that checkpoint pay its import
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
+
+    def load_state(self, folder: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=folder)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The complete, unsharded model state on the main rank (None elsewhere); call on every rank.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -146,6 +147,16 @@ class DeepSpeedZero(Strategy):
                 "device_memory_bytes": device_memory_bytes(self.topo.device),
                 "zero_stage": self.stage, "offload_optimizer": self.settings["offload_optimizer"],
                 "offload_param": self.settings["offload_param"]}
+
+    def save_state(self, folder: Path) -> None:
+        """DeepSpeed's own checkpoint: each rank writes its partition of parameters and optimizer
+        state (fp32 master weights included); collective."""
+        self.engine.save_checkpoint(str(folder), tag="state")
+
+    def load_state(self, folder: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(folder), tag="state")
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint in {folder}")
 
     def full_state_dict(self) -> dict | None:
         """The unsharded weights on rank 0 (stage 3 gathers the partitions); None on other ranks."""
