@@ -45,6 +45,10 @@ BAD_CONFIGS = [
     ("defaults.training.lr", 0, "defaults.training.lr", ""),
     ("experiments", {}, "experiments", ""),
     ("defaults.training.typo_field", 1, "defaults.training", "typo_field"),
+    ("experiments.data_parallel.strategy_options", {"zero2": {"stage": 2}},
+     "experiments.data_parallel.strategy_options.zero2", "does not run"),
+    ("experiments.expert_parallel.training", {"checkpoint_every": 2},
+     "experiments.expert_parallel.training.checkpoint_every", "cannot checkpoint"),
 ]
 
 

@@ -63,6 +63,10 @@ def check_experiment(exp: dict, base_dir: Path | str = ".") -> None:
     for name in exp.get("strategy_options", {}):
         if name not in REGISTRY:
             raise ConfigError(f"{where}.strategy_options.{name}", "options given for an unknown strategy")
+        if name not in exp.get("strategies", []):  # a typo'd list, or options that would silently do nothing
+            raise ConfigError(f"{where}.strategy_options.{name}",
+                              f"options given for '{name}', which this experiment does not run (strategies: "
+                              f"{', '.join(exp.get('strategies', []))})")
     for name in exp.get("strategies", []):
         REGISTRY[name].check(exp, where)
 
