@@ -70,7 +70,8 @@ def init_topology(launch: dict) -> Topology:
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29512")
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=600),
+        timeout = timedelta(seconds=launch.get("collective_timeout_s", 300))  # a hung peer fails the run
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device if device_type == "cuda" else None)
     return Topology(rank, world_size, local_rank, device, backend)
 

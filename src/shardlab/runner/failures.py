@@ -5,7 +5,8 @@ When one rank dies, the others soon fail too, with errors that only say their pe
 communicator aborted). Those are consequences, never the cause. The cause is, in this order:
 the earliest error a rank raised itself (error_rank<N>.json, stamped with its time), else a rank
 that torchrun saw die by a signal other than its own SIGTERM to the survivors (SIGKILL is most
-often the kernel's out-of-memory killer), else the earliest peer-disconnect error.
+often the kernel's out-of-memory killer), else a collective that outwaited the process-group
+timeout (a peer hung: it raised nothing), else the earliest peer-disconnect error.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import signal
 from pathlib import Path
 
 PEER_LOST = re.compile(r"closed by peer|reset by peer|broken pipe|remote worker|communicator was aborted|"
-                       r"connection refused|timed out waiting|NCCL (?:error|watchdog)", re.IGNORECASE)
+                       r"connection refused|NCCL error", re.IGNORECASE)
+# A collective that waited past the process-group timeout: a peer hung (or is gone and nobody said).
+COLLECTIVE_TIMEOUT = re.compile(r"timed out waiting|timeout after|watchdog caught collective operation timeout|"
+                                r"operation timed out", re.IGNORECASE)
 PEER_TYPES = {"DistBackendError", "DistNetworkError"}
 # One failure in torchrun's ChildFailedError report (torch.distributed.elastic).
 TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -25,6 +29,10 @@ OOM_SIGNALS = {signal.SIGKILL}
 
 def is_peer_loss(error: dict) -> bool:
     return error["type"] in PEER_TYPES or bool(PEER_LOST.search(error.get("message") or ""))
+
+
+def is_collective_timeout(error: dict) -> bool:
+    return bool(COLLECTIVE_TIMEOUT.search(error.get("message") or ""))
 
 
 def rank_errors(attempt: Path) -> list[dict]:
@@ -44,13 +52,17 @@ def signal_deaths(log: str) -> list[dict]:
 def failures(attempt: Path, log: str) -> list[dict]:
     """Every failure seen, root cause first (see the module docstring for the order)."""
     errors = sorted(rank_errors(attempt), key=lambda e: e.get("time", float("inf")))
-    own = [dict(e, cause="error") for e in errors if not is_peer_loss(e)]
-    peer = [dict(e, cause="peer lost") for e in errors if is_peer_loss(e)]
+    timeouts = [dict(e, cause="collective timeout") for e in errors if is_collective_timeout(e)]
+    peer = [dict(e, cause="peer lost") for e in errors if is_peer_loss(e) and not is_collective_timeout(e)]
+    own = [dict(e, cause="error") for e in errors if not is_peer_loss(e) and not is_collective_timeout(e)]
     deaths = [dict(d, cause="signal") for d in signal_deaths(log)]
-    return own + deaths + peer
+    return own + deaths + timeouts + peer
 
 
 def describe(failure: dict) -> str:
+    if failure["cause"] == "collective timeout":
+        return (f"rank {failure['rank']}: collective timed out (launch.collective_timeout_s): a peer hung or "
+                f"vanished; {failure['message'].strip().splitlines()[0][:300] if failure.get('message') else ''}")
     if failure["cause"] == "signal":
         why = " (most often the kernel's out-of-memory killer)" if failure["oom"] else ""
         return f"rank {failure['rank']}: killed by {failure['signal']}{why}"

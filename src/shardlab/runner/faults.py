@@ -5,6 +5,8 @@ step 1 so that step 0's metrics exist. Each stands in for a real failure mode:
 - oom_rank1: only rank 1 runs out of memory (the others then see their peer disconnect);
 - kill_rank0: rank 0 dies by SIGKILL, as under the kernel's out-of-memory killer (no error file);
 - hang: every rank stops silently (a stuck collective), so only the launcher's deadline ends the run;
+- hang_rank1: rank 1 stops silently while the others wait for it in a collective, which the
+  process-group timeout (launch.collective_timeout_s) ends;
 - non_utf8: rank 0 prints bytes that are not UTF-8, then trains on;
 - kill_rank1_once: rank 1 dies by SIGKILL at step 3 of a run that has not resumed (a rank lost
   mid-run once; the resumed run, by a torchrun restart or a rerun, goes through).
@@ -34,7 +36,7 @@ def inject_fault(kind: str, step: int, rank: int, resumed: bool = False) -> None
     if kind == "kill_rank0" and rank == 0:
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "hang":
+    if kind == "hang" or (kind == "hang_rank1" and rank == 1):
         time.sleep(3600)
     if kind == "non_utf8" and rank == 0:
         sys.stdout.flush()
