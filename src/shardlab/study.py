@@ -104,6 +104,31 @@ def shared_references(experiments: dict[str, dict]) -> dict[str, str]:
     return shared
 
 
+def launch_threads(launch: dict, world: int | str) -> int:
+    """CPU threads a launch uses: ranks x launch.threads_per_rank ('auto' ranks: counted at launch, 1 here)."""
+    return launch["threads_per_rank"] * (1 if world == "auto" else int(world))
+
+
+def run_resources(exp: dict, strategy: str) -> dict[str, int]:
+    """What a run of `strategy` in `exp` uses: CPU threads, and one GPU per rank when launch.device is
+    cuda ('auto' ranks take every GPU of the machine they land on, so none is requested)."""
+    world = REGISTRY[strategy].world_size(exp)
+    gpus = int(world) if exp["launch"]["device"] == "cuda" and world != "auto" else 0
+    return {"threads": launch_threads(exp["launch"], world), "gpus": gpus}
+
+
+def run_sources(strategy: str) -> list[str]:
+    """The source files a run of `strategy` executes (config, core, runner, the registry and its own
+    family package or module): a run declares them, so editing one reruns only the runs it touches."""
+    package = Path(__file__).parent
+    module = package.joinpath(*REGISTRY[strategy].target.split(":")[0].split(".")[1:])
+    own = sorted(module.parent.glob("*.py")) if module.parent != package / "strategies" else [module.with_suffix(".py")]
+    shared = [*package.glob("core/*.py"), *package.glob("runner/*.py"),
+              *(package / f for f in ("config.py", "errors.py", "strategies/__init__.py", "strategies/spec.py",
+                                      "strategies/base.py"))]
+    return sorted(str(f) for f in {*own, *shared})
+
+
 def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     """Validate the whole config (schema defaults filled in place) and resolve its experiments."""
     schema = load_schema()

@@ -7,8 +7,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from shardlab.errors import ConfigError
-from shardlab.strategies import SINGLE, get_spec
-from shardlab.study import load_study
+from shardlab.strategies import SINGLE
+from shardlab.study import launch_threads, load_study, run_resources, run_sources
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -85,57 +85,8 @@ def job_threads(threads_used):
         return threads_used
 
 
-def launch_threads(launch, world):
-    """Ranks x launch.threads_per_rank CPU threads ('auto' ranks: one per GPU, counted at launch)."""
-    return launch["threads_per_rank"] * (1 if world == "auto" else int(world))
-
-
 def run_threads(exp, strategy):
-    world = get_spec(strategy).world_size(EXPERIMENTS[exp])
-    return job_threads(launch_threads(EXPERIMENTS[exp]["launch"], world))
-
-
-def run_gpus(exp, strategy):
-    """GPUs a run asks its executor for: one per rank when launch.device is cuda ('auto' ranks: every
-    GPU of the machine it lands on, so none is requested; a cluster run needs a number). A run that
-    asks for cuda and gets none fails with that reason rather than training on CPU."""
-    launch = EXPERIMENTS[exp]["launch"]
-    world = get_spec(strategy).world_size(EXPERIMENTS[exp])
-    return int(world) if launch["device"] == "cuda" and world != "auto" else 0
-
-
-def run_code(strategy):
-    """The code a run executes: config, core, runner, the registry and the strategy's own family
-    package (or module). Editing any of it reruns the runs it touches, and only those.
-    """
-    source = (
-        get_spec(strategy)
-        .target.split(":")[0]
-        .removeprefix("shardlab.")
-        .replace(".", "/")
-    )
-    in_package = (
-        source.count("/") > 1
-    )  # strategies/<family>/<module> rather than strategies/<module>
-    files = (
-        glob.glob(f"{SRC}/{os.path.dirname(source)}/*.py")
-        if in_package
-        else [f"{SRC}/{source}.py"]
-    )
-    shared = [*glob.glob(f"{SRC}/core/*.py"), *glob.glob(f"{SRC}/runner/*.py")]
-    return sorted(
-        [
-            *files,
-            *shared,
-            *code(
-                "config",
-                "errors",
-                "strategies/__init__",
-                "strategies/spec",
-                "strategies/base",
-            ),
-        ]
-    )
+    return job_threads(run_resources(EXPERIMENTS[exp], strategy)["threads"])
 
 
 def topic_inputs(topic, metrics=False):

@@ -22,7 +22,7 @@ rule run_strategy:
         settings=lambda w: settings_file(w.exp),
         model=lambda w: model_record(w.exp),
         tokens=lambda w: tokens_path(w.exp),
-        code=lambda w: run_code(w.strategy),
+        code=lambda w: run_sources(w.strategy),
     output:
         summary=f"{RESULTS}/{{exp}}/runs/{{strategy}}/summary.json",
         metrics=f"{RESULTS}/{{exp}}/runs/{{strategy}}/metrics.jsonl",
@@ -33,7 +33,7 @@ rule run_strategy:
     # Locally all cores: runs never overlap, so no run's timings are polluted by another's.
     threads: lambda w: run_threads(w.exp, w.strategy)
     resources:
-        gpu=lambda w: run_gpus(w.exp, w.strategy),
+        gpu=lambda w: run_resources(EXPERIMENTS[w.exp], w.strategy)["gpus"],
     params:
         model_dir=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
         out=lambda w: run_dir(w.exp, w.strategy),
