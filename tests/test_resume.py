@@ -49,6 +49,7 @@ def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uni
     resumed = summary["resumes"]
     assert [(r["from_step"], r["restart"]) for r in resumed] == [(ONCE_STEP - ONCE_STEP % EVERY, 1)]
     assert len(summary["restarts"]) == 1 and "rank 1: killed by SIGKILL" in summary["restarts"][0]
+    assert [s["step"] for s in steps if s.get("untimed")] == [resumed[0]["from_step"]]  # probe + reload step
 
 
 @pytest.mark.torchrun

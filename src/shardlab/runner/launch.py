@@ -49,7 +49,7 @@ def checkpoint_dir(out: Path, strategy: str) -> Path:
     return out.parent.parent / "checkpoints" / strategy
 
 
-def model_record(model_dir: Path) -> dict:
+def model_summary(model_dir: Path) -> dict:
     """{name, parameters} from the prepared model's record, so failed runs still say what they trained."""
     path = Path(model_dir) / "shardlab_model.json"
     if not path.exists():
@@ -76,7 +76,7 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
     out.mkdir(parents=True, exist_ok=True)
     clear_run_dir(out)
     base = {"experiment": exp["name"], "strategy": strategy, "family": get_spec(strategy).family,
-            "config_hash": config_hash(exp), "model": model_record(model_dir), "started": now(), "ranks": []}
+            "config_hash": config_hash(exp), "model": model_summary(model_dir), "started": now(), "ranks": []}
     earlier: list[str] = []
     for restart in range(exp["launch"].get("max_restarts", 0) + 1):
         attempt = out.parent.parent / "attempts" / strategy / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{restart}"

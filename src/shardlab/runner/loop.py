@@ -79,6 +79,8 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
         step_time = _slowest_rank(step_time)
         record = {"step": step, "loss": loss, "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time,
                   "comm_time_s": comm, "elapsed_s": time.perf_counter() - started}
+        if first and step > 0:  # after a resume: the probe and the reload ran in this step, it is not timed
+            record["untimed"] = True
         if (training["eval_every"] and (step + 1) % training["eval_every"] == 0) or step == training["steps"] - 1:
             with strategy.comm.paused():  # evaluation traffic is no step's communication time
                 record["val_loss"] = validation_loss(strategy, batches, training["eval_batches"])

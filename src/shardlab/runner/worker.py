@@ -47,7 +47,8 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 def summarize(exp: dict, strategy: str, records: list[dict], ranks: list[dict], env: dict, n_params: int) -> dict:
     training = exp["training"]
-    timed = [r for r in records if r["step"] >= training["warmup_steps"]]
+    past_warmup = [r for r in records if r["step"] >= training["warmup_steps"]]
+    timed = [r for r in past_warmup if not r.get("untimed")] or past_warmup
     step_median = statistics.median(r["step_time_s"] for r in timed)
     comm = [r["comm_time_s"] for r in timed if r["comm_time_s"] is not None]
     val = [r["val_loss"] for r in records if "val_loss" in r]
