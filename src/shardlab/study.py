@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-import shardlab.science.formats  # noqa: F401  (registers the science text formats)
+from shardlab.science.formats import FORMATS as SCIENCE_FORMATS  # importing registers the text formats
 from shardlab.config import check_settings, load_schema, resolve_experiment, validate_against_schema
 from shardlab.core.data import TEXT_FORMATS
 from shardlab.errors import ConfigError
@@ -43,6 +43,11 @@ class Study:
 
     def experiments_of(self, topic: str) -> list[str]:
         return list(dict.fromkeys(name for name, _ in self.runs_of(topic)))
+
+    @property
+    def science_experiments(self) -> list[str]:
+        """Experiments whose data is a science format (chemistry, biology, materials): split, evaluated."""
+        return [name for name, exp in self.experiments.items() if exp["data"]["format"] in SCIENCE_FORMATS]
 
     def by_name(self, section: str) -> dict[str, dict]:
         """Models (section 'model') or corpora ('data') by name: one name, one definition."""

@@ -2,11 +2,7 @@
 # (training.save_model), and the tables of the report's science section. Science experiments are
 # those whose data format is a science format. Logic: shardlab.core.splits, shardlab.science.evaluate,
 # shardlab.tables.science.
-from shardlab.science.formats import FORMATS as SCIENCE_FORMATS
-
-SCIENCE_EXPERIMENTS = [
-    n for n, e in EXPERIMENTS.items() if e["data"]["format"] in SCIENCE_FORMATS
-]
+SCIENCE_EXPERIMENTS = STUDY.science_experiments
 SCIENCE_TABLES = table_files("science_runs", "science_curves", "science_metrics")
 
 
