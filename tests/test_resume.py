@@ -5,22 +5,41 @@ fp32, deterministic kernels), and no step missing or recorded twice."""
 
 from __future__ import annotations
 
+import copy
 import json
+import time
 
 import pytest
 
 from conftest import TEST_EXPERIMENT, launch_test_run
-from shardlab.errors import ConfigError
-from shardlab.runner.checkpoint import Checkpointer
+from shardlab.config import deep_merge
+from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.faults import ONCE_STEP
 from shardlab.strategies import REGISTRY
 
+HANG_TIMEOUT_S = 5  # process-group timeout: longer than any healthy collective of these runs
 EVERY = 2  # checkpoints after steps 1, 3: the fault at step 3 comes before the second one
 STEPS = list(range(TEST_EXPERIMENT["training"]["steps"]))
+# One or more strategies of every multi-process family, each with the options its tests use; the
+# hand-written TP/SP, pipelines, the hybrid and EP save per-slice names (Strategy.state_namespace).
+FAMILIES = {
+    "ddp": {}, "zero3": {}, "fsdp2_full": {},
+    "tp_sp": {}, "tp_sp_dtensor": {},
+    "pp_1f1b": {"strategy_options": {"pp_1f1b": {"n_microbatches": 2}}},
+    "hybrid_dp_pp": {"strategy_options": {"hybrid_dp_pp": {"world_size": 4, "n_microbatches": 2}}},
+    "cp_ring": {},
+    "ep_moe": {"strategy_options": {"ep_moe": {"num_experts": 4, "capacity_factor": 1.0}}},
+}
+FAMILY_OF = {name: REGISTRY[name].family for name in FAMILIES}
 
 
 def _losses(steps):
     return [s["loss"] for s in steps]
+
+
+def test_every_multi_process_family_is_covered():
+    families = {spec.family for spec in REGISTRY.values() if not spec.single_process}
+    assert families == set(FAMILY_OF.values())
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +49,8 @@ def uninterrupted(tiny_assets, tmp_path_factory):
 
     def losses(strategy):
         if strategy not in cache:
-            summary, steps = launch_test_run(tiny_assets, tmp_path_factory.mktemp(strategy), strategy)
+            summary, steps = launch_test_run(tiny_assets, tmp_path_factory.mktemp(strategy), strategy,
+                                             FAMILIES.get(strategy))
             assert summary["status"] == "ok", summary["reason"]
             cache[strategy] = _losses(steps)
         return cache[strategy]
@@ -39,10 +59,10 @@ def uninterrupted(tiny_assets, tmp_path_factory):
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2_full", "zero3", "tp_sp_dtensor", "cp_ring"])
+@pytest.mark.parametrize("strategy", FAMILIES)
 def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uninterrupted):
-    summary, steps = run_strategy(strategy, {"training": {"checkpoint_every": EVERY, "fault_injection": "kill_rank1_once"},
-                                             "launch": {"max_restarts": 1}})
+    faults = {"training": {"checkpoint_every": EVERY, "fault_injection": "kill_rank1_once"}, "launch": {"max_restarts": 1}}
+    summary, steps = run_strategy(strategy, deep_merge(faults, FAMILIES[strategy]))
     assert summary["status"] == "ok", summary["reason"]
     assert [s["step"] for s in steps] == STEPS  # none missing, none twice
     assert _losses(steps) == uninterrupted(strategy)  # exactly: the same bits
@@ -50,6 +70,24 @@ def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uni
     assert [(r["from_step"], r["restart"]) for r in resumed] == [(ONCE_STEP - ONCE_STEP % EVERY, 1)]
     assert len(summary["restarts"]) == 1 and "rank 1: killed by SIGKILL" in summary["restarts"][0]
     assert [s["step"] for s in steps if s.get("untimed")] == [resumed[0]["from_step"]]  # probe + reload step
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("strategy", list({family: name for name, family in reversed(FAMILY_OF.items())}.values()))
+def test_a_hung_rank_times_out_and_exhausted_restarts_are_recorded(strategy, run_strategy):
+    """Rank 1 hangs silently at step 1 in every attempt: the others wait in a collective until the
+    process-group timeout, the launcher restarts once, the restart hangs too, and the run is recorded
+    as failed with the timeout as its reason, long before the run's own deadline."""
+    started = time.monotonic()
+    faults = {"training": {"checkpoint_every": 1, "fault_injection": "hang_rank1"},
+              "launch": {"max_restarts": 1, "collective_timeout_s": HANG_TIMEOUT_S, "timeout_s": 600}}
+    summary, steps = run_strategy(strategy, deep_merge(faults, FAMILIES[strategy]))
+    assert summary["status"] == "failed"
+    assert "collective timed out (launch.collective_timeout_s)" in summary["reason"], summary["reason"]
+    assert len(summary["restarts"]) == 1 and "collective timed out" in summary["restarts"][0]
+    assert [r["from_step"] for r in summary["resumes"]] == [1]  # the restart resumed from step 0's checkpoint
+    assert [s["step"] for s in steps] == [0]  # step 0, measured by the first attempt, kept
+    assert time.monotonic() - started < 300  # the 600 s deadline was never needed
 
 
 @pytest.mark.torchrun
@@ -69,32 +107,28 @@ def test_a_rerun_resumes_where_the_failed_attempt_stopped(tiny_assets, tmp_path,
     assert not checkpoints.exists()  # finished: a forced rerun starts from step 0
 
 
-@pytest.mark.torchrun
-def test_restarts_exhausted_is_recorded(run_strategy):
-    summary, _ = run_strategy("ddp", {"training": {"checkpoint_every": 1, "fault_injection": "kill_rank0"},
-                                      "launch": {"max_restarts": 1}})
-    assert summary["status"] == "oom"
-    assert summary["reason"].startswith("rank 0: killed by SIGKILL"), summary["reason"]
-    assert len(summary["restarts"]) == 1  # the first failure, then the restart's
-
-
-def test_partial_and_foreign_checkpoints_are_never_loaded(tmp_path, capsys):
-    def folder(name, config_hash):
+def test_partial_foreign_and_other_world_checkpoints_are_never_loaded(tmp_path, capsys):
+    def folder(name, key, world_size=2):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "meta.json").write_text(json.dumps({"config_hash": config_hash}))
+        (tmp_path / name / "meta.json").write_text(json.dumps({"resume_key": key, "world_size": world_size}))
 
     folder("step-00000001", "mine")
     folder("step-00000005", "other settings")
-    (tmp_path / ".step-00000003.partial").mkdir()  # a crash while writing
-    assert Checkpointer(tmp_path, 2, "mine", 0, 1).latest() == (1, tmp_path / "step-00000001")
+    folder("step-00000007", "mine", world_size=4)
+    (tmp_path / ".step-00000009.partial").mkdir()  # a crash while writing
+    assert Checkpointer(tmp_path, 2, "mine", 0, 2).latest() == (1, tmp_path / "step-00000001")
     out = capsys.readouterr().out
-    assert "incomplete" in out and "other settings" in out
+    assert "incomplete" in out and "other settings" in out and "written by 4 ranks" in out
+    assert Checkpointer(tmp_path, 2, "mine", 0, 2, reshardable=True).latest() == (7, tmp_path / "step-00000007")
 
 
-def test_a_strategy_that_cannot_resume_is_rejected_before_launch():
-    exp = dict(TEST_EXPERIMENT, training=dict(TEST_EXPERIMENT["training"], checkpoint_every=2))
-    assert not REGISTRY["tp"].resumable
-    with pytest.raises(ConfigError, match="cannot checkpoint") as err:
-        REGISTRY["tp"].check(exp, "experiments.test")
-    assert err.value.field == "experiments.test.training.checkpoint_every"
-    REGISTRY["ddp"].check(exp, "experiments.test")
+def test_the_resume_key_ignores_how_a_run_is_launched_but_not_what_it_trains():
+    exp = copy.deepcopy(TEST_EXPERIMENT)
+    key = resume_key(exp, "fsdp2_full")
+    relaunched = deep_merge(exp, {"launch": {"world_size": 4, "timeout_s": 9, "max_restarts": 3},
+                                  "training": {"checkpoint_every": 5, "fault_injection": "kill_rank1_once"},
+                                  "strategy_options": {"fsdp2_full": {"world_size": 4}}})
+    assert resume_key(relaunched, "fsdp2_full") == key
+    assert resume_key(deep_merge(exp, {"training": {"lr": 0.1}}), "fsdp2_full") != key
+    assert resume_key(deep_merge(exp, {"model": {"seed": 1}}), "fsdp2_full") != key
+    assert resume_key(exp, "ddp") != key

@@ -8,11 +8,13 @@ records so far, earlier resumes). It is written under a temporary name and renam
 rank has finished, so a folder named `step-<N>` is complete; anything else (a crash mid-write) is
 skipped with a message and removed, never loaded. The data position is the step itself: batches
 are a deterministic function of the step (`TokenBatches.global_batch`), and no LR schedule exists.
-A checkpoint made with other settings (config hash) is not resumed from.
+A checkpoint made with other settings (`resume_key`: what decides the training trajectory) is not
+resumed from, nor one written at another world size by a strategy that cannot reshard its state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -26,6 +28,18 @@ import torch.distributed as dist
 
 KEEP = 2  # complete checkpoints kept: the newest, and the one before in case the newest is damaged
 NAME = re.compile(r"^step-(\d{8})$")
+# Settings that change neither the model nor the batches nor the update: a checkpoint survives them.
+NOT_TRAJECTORY = ("checkpoint_every", "fault_injection", "log_every", "save_model")
+
+
+def resume_key(exp: dict, strategy: str) -> str:
+    """What a checkpoint must share with the run that resumes it: model, data, training settings and
+    the strategy's options, but not the launch (world size, timeouts, restarts, threads), so that a
+    run restarted with more patience, or resharded to fewer ranks, still finds its checkpoints."""
+    options = {k: v for k, v in exp.get("strategy_options", {}).get(strategy, {}).items() if k != "world_size"}
+    training = {k: v for k, v in exp["training"].items() if k not in NOT_TRAJECTORY}
+    key = {"model": exp["model"], "data": exp["data"], "training": training, "strategy": strategy, "options": options}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _barrier() -> None:
@@ -49,9 +63,9 @@ def set_rng_state(state: dict) -> None:
 class Checkpointer:
     """Save every `every` steps under `root`; find and load the latest complete checkpoint."""
 
-    def __init__(self, root: Path, every: int, config_hash: str, rank: int, world_size: int):
-        self.root, self.every, self.config_hash = Path(root), every, config_hash
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, root: Path, every: int, key: str, rank: int, world_size: int, reshardable: bool = False):
+        self.root, self.every, self.key = Path(root), every, key
+        self.rank, self.world_size, self.reshardable = rank, world_size, reshardable
         self.seconds: list[float] = []  # wall time of each save (the checkpoint's cost)
         self.bytes = 0  # size of the last checkpoint on disk
 
@@ -69,8 +83,12 @@ class Checkpointer:
                 print(f"[checkpoint] skipping incomplete checkpoint {path} (never finished writing)", flush=True)
                 continue
             meta = json.loads((path / "meta.json").read_text())
-            if meta["config_hash"] != self.config_hash:
+            if meta["resume_key"] != self.key:
                 print(f"[checkpoint] skipping {path}: made with other settings", flush=True)
+                continue
+            if meta["world_size"] != self.world_size and not self.reshardable:
+                print(f"[checkpoint] skipping {path}: written by {meta['world_size']} ranks, and this strategy "
+                      f"resumes only at the world size that wrote it (now {self.world_size})", flush=True)
                 continue
             found.append((int(match.group(1)), path))
         return max(found) if found else None
@@ -87,7 +105,7 @@ class Checkpointer:
         torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
         _barrier()
         if self.rank == 0:
-            meta = dict(meta, step=step, config_hash=self.config_hash, world_size=self.world_size)
+            meta = dict(meta, step=step, resume_key=self.key, world_size=self.world_size)
             (tmp / "meta.json").write_text(json.dumps(meta, default=str))
             tmp.rename(final)  # the commit: a folder named step-<N> is complete
             self._prune()
@@ -99,8 +117,9 @@ class Checkpointer:
         """Restore model, optimizer and this rank's RNG states; returns the checkpoint's meta."""
         strategy.load_state(path)
         meta = json.loads((path / "meta.json").read_text())
+        strategy.resume_at(meta["step"] + 1)
         rng = path / f"rng_rank{self.rank}.pt"
-        if meta["world_size"] == self.world_size and rng.exists():
+        if meta["world_size"] == self.world_size and rng.exists():  # resharded: the ranks' streams differ anyway
             set_rng_state(torch.load(rng, weights_only=False))
         return meta
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
-from shardlab.runner.checkpoint import Checkpointer
+from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.metrics import StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model
 from shardlab.strategies import get_spec
@@ -90,7 +90,8 @@ def resume(args, exp: dict, topo, strategy, log: StepLog) -> tuple[Checkpointer 
     every = exp["training"].get("checkpoint_every", 0)
     if not every or args.checkpoint_dir is None:
         return None, 0, []
-    checkpoint = Checkpointer(args.checkpoint_dir, every, config_hash(exp), topo.rank, topo.world_size)
+    checkpoint = Checkpointer(args.checkpoint_dir, every, resume_key(exp, args.strategy), topo.rank, topo.world_size,
+                              reshardable=strategy.reshardable)
     latest = checkpoint.latest()
     if latest is None:
         return checkpoint, 0, []

@@ -18,7 +18,7 @@ SINGLE = StrategySpec(
     "One process, the reference every parallel run is checked against.",
     lambda model, step, world, options: [],
     lambda model, world, options, dtype, optimizer: [unsharded(model.parameters(), dtype, optimizer)],
-    reference="single", single_process=True, data_parallel_size=one, resumable=True)
+    reference="single", single_process=True, data_parallel_size=one)
 
 _FAMILIES = (data_parallel, zero, tensor_parallel, pipeline_parallel, context_parallel, expert_parallel)
 REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in [SINGLE, *(s for f in _FAMILIES for s in f.SPECS)]}

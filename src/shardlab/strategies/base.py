@@ -179,25 +179,47 @@ class Strategy:
             loss /= self.dp_size
         return float(loss)
 
-    # --- results --------------------------------------------------------------------------
-    def save_state(self, folder: Path) -> None:
-        """Write model and optimizer state into `folder` (collective: every rank calls it). The default
-        is torch.distributed.checkpoint: each rank writes its own shards (FSDP2 and DTensor never
-        gather), a replicated tensor is written once."""
-        import torch.distributed.checkpoint as dcp  # here: only runs that checkpoint pay its import
+    # --- checkpoints ----------------------------------------------------------------------
+    #: A checkpoint written at one world size resumes at another (checked in tests/test_resume.py).
+    reshardable = False
+
+    def state_namespace(self) -> str | None:
+        """Where this rank's state lives in a checkpoint. None: every tensor has one global name
+        (replicated, FSDP2, DTensor shards), so DCP writes a replicated tensor once and can reshard.
+        Strategies whose ranks hold different hand-cut tensors under the same module names return
+        the name of their slice (e.g. "stage1"); ranks with the same slice share it."""
+        return None
+
+    def _dcp_state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
+        state = {"model": model_state, "optimizer": optim_state}
+        namespace = self.state_namespace()
+        return {namespace: state} if namespace else state
+
+    def save_state(self, folder: Path) -> None:
+        """Write model and optimizer state into `folder` (collective: every rank calls it). The default
+        is torch.distributed.checkpoint: each rank writes its own shards (FSDP2 and DTensor never
+        gather), a tensor with the same name on several ranks is written once."""
+        import torch.distributed.checkpoint as dcp  # here: only runs that checkpoint pay its import
+
+        dcp.save(self._dcp_state(), checkpoint_id=folder)
 
     def load_state(self, folder: Path) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optimizer": optim_state}
+        state = self._dcp_state()
         dcp.load(state, checkpoint_id=folder)
+        namespace = self.state_namespace()
+        state = state[namespace] if namespace else state
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+    def resume_at(self, step: int) -> None:
+        """Called after `load_state` with the first step the loop will run (for strategies that count steps)."""
+
+    # --- results --------------------------------------------------------------------------
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The complete, unsharded model state on the main rank (None elsewhere); call on every rank.

@@ -54,9 +54,6 @@ class StrategySpec:
     # "none" (whole on every rank), "tp" (Megatron TP), "tp_sp" (TP + sequence parallel, shard saved),
     # "tp_sp_gathered" (TP + SP keeping the all-gathered column inputs, as DTensor does).
     activation_split: str = "none"
-    # Checkpoint and resume (training.checkpoint_every) through torch.distributed.checkpoint: true where
-    # the model and optimizer are plain, replicated or DTensor-sharded modules DCP understands.
-    resumable: bool = False
 
     def options(self, exp: dict) -> dict:
         return exp.get("strategy_options", {}).get(self.name, {})
@@ -69,9 +66,6 @@ class StrategySpec:
         """Every check of this strategy in `exp`; `world` overrides 'auto' once it is known (launch)."""
         world = self.world_size(exp) if world is None else world
         self.check_options(exp, f"{where}.strategy_options.{self.name}", world)
-        if exp["training"].get("checkpoint_every") and not self.resumable:
-            raise ConfigError(f"{where}.training.checkpoint_every",
-                              f"'{self.name}' cannot checkpoint and resume yet; set 0 for this experiment")
         if world == "auto":
             return  # checked again at launch, once the device count is known
         training = exp["training"]

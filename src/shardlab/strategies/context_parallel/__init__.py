@@ -20,5 +20,5 @@ SPECS = [
                         "send/recv).",
                  lambda model, step, world, options: context_parallel(model, step, world),
                  lambda model, world, options, dtype, optimizer: [unsharded(model.parameters(), dtype, optimizer)] * world,
-                 data_parallel_size=one, check_options=check_cp_options, resumable=True),
+                 data_parallel_size=one, check_options=check_cp_options),
 ]

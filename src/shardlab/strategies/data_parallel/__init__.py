@@ -21,7 +21,7 @@ def replica_states(model, world, options, dtype, optimizer):
 
 def _spec(name: str, cls: str, summary: str, **kw) -> StrategySpec:
     return StrategySpec(name, f"shardlab.strategies.data_parallel.{cls}", "data parallel", TOPIC, summary,
-                        replica_plan, replica_states, resumable=True, **kw)
+                        replica_plan, replica_states, **kw)
 
 
 SPECS = [

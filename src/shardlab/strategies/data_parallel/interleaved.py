@@ -14,6 +14,7 @@ from shardlab.strategies.data_parallel.comms import layer_buckets
 
 class InterleavedDataParallel(Strategy):
     measures_comm = True
+    reshardable = True  # every rank holds the whole state: any world size resumes it
 
     def wrap(self, model):
         self._buckets = layer_buckets(model)

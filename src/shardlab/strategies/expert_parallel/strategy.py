@@ -86,6 +86,9 @@ class ExpertParallelMoE(_MixtureOfExperts):
                                                          if p.requires_grad and id(p) not in expert_ids])
         return model
 
+    def state_namespace(self):
+        return f"ep_rank{self.topo.rank}"  # each rank's experts sit under the same module names
+
     def sync_gradients(self):
         with self.comm.blocked():
             self._replicated.launch(async_op=False)

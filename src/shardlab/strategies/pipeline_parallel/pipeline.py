@@ -82,12 +82,19 @@ class PipelineParallel(Strategy):
         stages = [TimedStage(module, s, self.n_stages, self.topo.device, group=self.pp_group, timeline=self.timeline)
                   for module, s in zip(modules, self.stage_ids)]
         self.schedule = self.build_schedule(stages)
-        self._calls = 0
+        self._calls = 0  # schedule steps run: the loop's step index (the schedule takes one whole batch per step)
+        self._probe_step = 0  # the loop's activation-probe step (0, or the first step after a resume)
         self._live_peaks: list[int] = []
         self._saved_totals: list[int] = []
         self._instrumented_steps: list[int] = []  # loop step indices (>= training.steps: extra steps)
         self._after_eval = False  # the last schedule call was an evaluation
         return nn.ModuleList(modules)
+
+    def state_namespace(self):
+        return f"stage_rank{self.pp_rank}"  # this rank's stages; data-parallel replicas of them share it
+
+    def resume_at(self, step):
+        self._calls = self._probe_step = step
 
     def build_schedule(self, stages):
         return self.schedule_class(stages[0], self.n_microbatches, loss_fn=self._timed_loss)
@@ -103,17 +110,17 @@ class PipelineParallel(Strategy):
         return ((inputs,) if self.holds_first else ()), (labels if self.holds_last else None)
 
     def forward_backward(self, inputs, labels, scale):
-        step = self._calls  # the loop's step index: the schedule takes the whole batch, one call per step
+        step = self._calls
         self._calls += 1
         self._last_batch = (inputs, labels)
         return self._run_schedule(inputs, labels, instrumented=self._instruments(step), step=step)
 
     def _instruments(self, step: int) -> bool:
-        """Instrument only untimed steps: the warm-up steps after step 0 (the loop's ActivationProbe uses
-        step 0, and saved-tensor hooks do not nest). Timed steps run exactly like every other strategy's.
+        """Instrument only untimed steps: the warm-up steps after the probe step (the loop's ActivationProbe
+        uses it, and saved-tensor hooks do not nest). Timed steps run exactly like every other strategy's.
         Not a step right after an evaluation: switching the schedule from eval back to training re-runs
         its set-up (P2P warm-up, shape inference) inside that step, adding idle time and saved bytes."""
-        return 1 <= step < self.training["warmup_steps"] and not self._after_eval
+        return self._probe_step < step < self.training["warmup_steps"] and not self._after_eval
 
     def _run_schedule(self, inputs, labels, instrumented: bool, step: int) -> torch.Tensor:
         """One schedule step; when `instrumented`, record its op timeline and live saved bytes."""

@@ -172,6 +172,9 @@ class TensorParallelStrategy(Strategy):
 class HandTensorParallel(TensorParallelStrategy):
     sequence_parallel = False
 
+    def state_namespace(self):
+        return f"tp_rank{self.topo.rank}"  # hand-cut shards keep the unsharded modules' names
+
     def wrap(self, model):
         self._group = self.tp_group()
         self.parallel_cross_entropy = bool(self.options.get("parallel_cross_entropy", False))

@@ -39,7 +39,7 @@ def _spec(name: str, rung: ZeroRung) -> StrategySpec:
     cls, summary = SUMMARIES[name]
     module = "fsdp2" if rung.framework == "fsdp2" else "deepspeed"
     return StrategySpec(name, f"shardlab.strategies.zero.{module}:{cls}", "zero", TOPIC, summary, _comm(name, rung),
-                        _states(name), zero=rung, resumable=True,
+                        _states(name), zero=rung,
                         check_options=check_zero_options if rung.framework == "deepspeed" else _no_fsdp2_options)
 
 

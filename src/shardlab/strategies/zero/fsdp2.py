@@ -26,6 +26,7 @@ def transformer_blocks(model) -> list:
 
 class FSDP2(Strategy):
     reshard_after_forward = True
+    reshardable = True  # DTensor shards with global names: DCP re-cuts them for another world size
 
     def wrap(self, model):
         mesh = self.topo.mesh(dp=self.topo.world_size)
