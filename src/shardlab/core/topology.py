@@ -31,6 +31,7 @@ class Topology:
     local_rank: int
     device: torch.device
     backend: str
+    timeout: timedelta = timedelta(seconds=300)  # launch.collective_timeout_s, for every group
     _meshes: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -46,8 +47,21 @@ class Topology:
             shape = tuple(dims.values())
             if int(torch.tensor(shape).prod()) != self.world_size:
                 raise ValueError(f"mesh {dims} needs {int(torch.tensor(shape).prod())} ranks, world size is {self.world_size}")
-            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=tuple(dims))
+            options = {name: self._group_options() for name in dims}
+            self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=tuple(dims),
+                                                 backend_override=options)
         return self._meshes[key]
+
+    def _group_options(self):
+        """Backend options that carry the collective timeout: a mesh's sub-groups otherwise wait the
+        backend's default (30 min for gloo), and a rank hung in one would outlive collective_timeout_s."""
+        if self.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = self.timeout
+            return options
+        from torch._C._distributed_c10d import Backend  # the generic options class (gloo takes it)
+
+        return Backend.Options(self.backend, self.timeout)
 
     def barrier(self) -> None:
         if dist.is_initialized():
@@ -67,13 +81,13 @@ def init_topology(launch: dict) -> Topology:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(launch.get("threads_per_rank", 1))
+    timeout = timedelta(seconds=launch.get("collective_timeout_s", 300))  # a hung peer fails the run
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29512")
-        timeout = timedelta(seconds=launch.get("collective_timeout_s", 300))  # a hung peer fails the run
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device if device_type == "cuda" else None)
-    return Topology(rank, world_size, local_rank, device, backend)
+    return Topology(rank, world_size, local_rank, device, backend, timeout)
 
 
 def shutdown() -> None:

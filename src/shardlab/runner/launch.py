@@ -21,7 +21,7 @@ from shardlab.config import config_hash
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 from shardlab.runner.failures import failure_outcome
-from shardlab.runner.metrics import now, write_json
+from shardlab.runner.metrics import attempt_resumes, now, write_json
 from shardlab.runner.process import Interrupted, run_logged
 from shardlab.strategies import get_spec
 
@@ -112,7 +112,8 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
     rc, stopped = run_logged(torchrun_command(n_procs, run_args), attempt / "run.log", env, timeout_s, tag=str(attempt))
     if rc == 0 and not stopped and (attempt / "summary.json").exists():
         return json.loads((attempt / "summary.json").read_text()), None
-    summary = dict(base, **failure_outcome(attempt, rc, stopped, timeout_s), world_size=n_procs)
+    summary = dict(base, **failure_outcome(attempt, rc, stopped, timeout_s), world_size=n_procs,
+                   resumes=attempt_resumes(attempt))
     print(f"[launch] {exp['name']}/{strategy}: recorded as {summary['status']}: {summary['reason']}", flush=True)
     return summary, stopped
 

@@ -11,6 +11,14 @@ from pathlib import Path
 from shardlab.config import REPO_ROOT
 
 
+RESUMES_FILE = "resumes.json"  # in an attempt folder, written when the attempt resumes from a checkpoint
+
+
+def attempt_resumes(attempt: Path) -> list[dict]:
+    """The resumes so far of an attempt that resumed (the summary of one that then failed says so too)."""
+    path = Path(attempt) / RESUMES_FILE
+    return json.loads(path.read_text()) if path.exists() else []
+
 def environment(topo) -> dict:
     import torch  # imported here: the launcher uses this module and must start fast, without torch
     import transformers

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
 from shardlab.runner.checkpoint import Checkpointer, resume_key
-from shardlab.runner.metrics import StepLog, environment, now, write_json
+from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model
 from shardlab.strategies import get_spec
 from shardlab.core.topology import init_topology, shutdown
@@ -102,6 +102,7 @@ def resume(args, exp: dict, topo, strategy, log: StepLog) -> tuple[Checkpointer 
                                            "restart": int(os.environ.get("SHARDLAB_RESTART", 0))}]
     if topo.is_main:
         print(f"[{args.strategy}] resuming: steps 0-{step} restored from {path}", flush=True)
+        write_json(args.out / RESUMES_FILE, resumes)  # an attempt that then fails still says it resumed
     return checkpoint, step + 1, resumes
 
 
