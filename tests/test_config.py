@@ -47,8 +47,8 @@ BAD_CONFIGS = [
     ("defaults.training.typo_field", 1, "defaults.training", "typo_field"),
     ("experiments.data_parallel.strategy_options", {"zero2": {"stage": 2}},
      "experiments.data_parallel.strategy_options.zero2", "does not run"),
-    ("experiments.expert_parallel.training", {"checkpoint_every": 2},
-     "experiments.expert_parallel.training.checkpoint_every", "cannot checkpoint"),
+    ("results_dir", "/tmp/shardlab-elsewhere", "results_dir", "outside the project"),
+    ("resources_dir", "../resources", "resources_dir", "allow_outside_project: true"),
 ]
 
 
@@ -63,6 +63,11 @@ def test_bad_config_is_rejected_naming_the_field(path, value, field, problem):
 def test_good_configs_pass():
     for name in ("config.yaml", "test.yaml", "runpod.yaml"):
         load_study(yaml.safe_load((REPO / "config" / name).read_text()), base_dir=REPO)
+
+
+def test_output_dirs_outside_the_project_need_an_opt_in():
+    load_study(dict(mutated("results_dir", "/tmp/shardlab-elsewhere"), allow_outside_project=True), base_dir=REPO)
+    load_study(mutated("results_dir", "results/../results/sub"), base_dir=REPO)  # inside, however spelt
 
 
 def test_schema_defaults_are_filled():

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import TEST_EXPERIMENT, assert_losses_match, launch_test_run
+from conftest import REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
 from shardlab.config import deep_merge
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.faults import ONCE_STEP
@@ -159,3 +165,60 @@ def test_only_strategies_whose_state_dcp_can_recut_claim_to_reshard():
     both resume only at the world size that wrote them, and Checkpointer skips other checkpoints."""
     reshardable = {name for name, spec in REGISTRY.items() if spec.load().reshardable}
     assert reshardable == {"dp_naive", "dp_interleaved", "ddp", "fsdp2_grad_op", "fsdp2_full"}
+
+
+def _study(root: Path, fault: str) -> Path:
+    """The reduced study cut to one experiment (single, ddp), checkpointing every 2 steps, under `root`."""
+    config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    config.update(results_dir=str(root / "results"), resources_dir=str(root / "resources"), allow_outside_project=True,
+                  experiments={"data_parallel": {"strategies": ["single", "ddp"]}})
+    config["defaults"]["training"].update(checkpoint_every=EVERY, fault_injection=fault)
+    path = root / "config.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _snakemake(config: Path, *args: str, **popen) -> subprocess.Popen:
+    # --prioritize: the single-device run first, so that one run has finished when the test interrupts.
+    single = config.parent / "results" / "data_parallel" / "runs" / "single" / "summary.json"
+    return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--nolock", "--configfile", str(config),
+                             "--prioritize", str(single), *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **popen)
+
+
+@pytest.mark.e2e
+def test_an_interrupted_workflow_rerun_resumes_and_rebuilds_the_same_tables(tmp_path):
+    """Ctrl-C (SIGINT to snakemake's process group, as a terminal sends it) while ddp stalls after its
+    first checkpoint; the same command again redoes nothing finished, resumes ddp from step 2, and the
+    tables equal those of a DAG that was never interrupted (timings, and the fault setting, aside)."""
+    config = _study(tmp_path / "interrupted", "stall_rank1_once")
+    results = config.parent / "results" / "data_parallel"
+    proc = _snakemake(config, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (results / "checkpoints" / "ddp" / "step-00000001").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+    single = (results / "runs" / "single" / "summary.json").read_text()  # finished before ddp started
+    os.killpg(proc.pid, signal.SIGINT)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0 and "interrupted by SIGINT" in log, log[-3000:]
+    assert not run_processes(str(config.parent))
+
+    rerun = _snakemake(config)
+    log = rerun.communicate(timeout=600)[0]
+    assert rerun.returncode == 0, log[-3000:]
+    assert (results / "runs" / "single" / "summary.json").read_text() == single  # not redone
+    assert len(list((results / "attempts" / "single").iterdir())) == 1
+    ddp = json.loads((results / "runs" / "ddp" / "summary.json").read_text())
+    assert ddp["status"] == "ok" and [r["from_step"] for r in ddp["resumes"]] == [EVERY]
+
+    baseline = _study(tmp_path / "uninterrupted", "none")
+    log = _snakemake(baseline, "--omit-from", "render_report").communicate(timeout=600)[0]
+    # Told to differ: the fault setting (and the settings hash), the resume record, and the checkpoint
+    # files' size (their meta.json lists the resumes).
+    told = "fault_injection|config_hash|resumes|checkpoint_bytes"
+    compare = subprocess.run([sys.executable, str(REPO / "scripts" / "compare-tables.py"), "--ignore", told,
+                              str(baseline.parent / "results" / "tables"), str(results.parent / "tables")],
+                             capture_output=True, text=True)
+    assert compare.returncode == 0, compare.stdout + log[-2000:]

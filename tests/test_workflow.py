@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, TEST_EXPERIMENT
 
 
 def snakemake(*args, timeout=1500):
@@ -77,7 +78,7 @@ def test_run_jobs_request_what_they_use_and_gpus_for_cuda(monkeypatch):
 def test_dag_end_to_end_on_reduced_config(tmp_path):
     results, resources = tmp_path / "results", tmp_path / "resources"
     proc = snakemake("--cores", "2", "--nolock", "--configfile", "config/test.yaml",
-                     "--config", f"results_dir={results}", f"resources_dir={resources}")
+                     "--config", f"results_dir={results}", f"resources_dir={resources}", "allow_outside_project=true")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
 
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
@@ -133,6 +134,35 @@ def test_hub_model_offline_gives_a_clear_error(tmp_path):
     assert "could not download 'EleutherAI/pythia-160m'" in proc.stderr
     assert "model.source: local" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_corrupt_model_or_tokenizer_folder_is_named_in_the_error(tiny_assets, tmp_path):
+    from shardlab.core.data import load_tokenizer
+    from shardlab.core.model import load_model
+    from shardlab.errors import ArtifactError
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_assets[0], model_dir)
+    weights = next(model_dir.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])  # a download or copy cut short
+    with pytest.raises(ArtifactError, match=f"cannot load the model in {model_dir}.*SafetensorError"):
+        load_model(model_dir)
+    with pytest.raises(ArtifactError, match=f"cannot load the tokenizer in {tmp_path / 'gone'}"):
+        load_tokenizer(tmp_path / "gone")
+
+
+@pytest.mark.torchrun
+def test_a_run_on_a_corrupt_model_is_recorded_with_its_path(tiny_assets, tmp_path):
+    from shardlab.runner.launch import launch
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_assets[0], model_dir)
+    (model_dir / "config.json").write_text("{not json")
+    exp_path = tmp_path / "exp.json"
+    exp_path.write_text(json.dumps(TEST_EXPERIMENT))
+    summary = launch(TEST_EXPERIMENT, exp_path, "single", model_dir, tiny_assets[1], tmp_path / "runs" / "single")
+    assert summary["status"] == "failed"
+    assert summary["reason"].startswith(f"rank 0: ArtifactError: cannot load the model in {model_dir}"), summary["reason"]
 
 
 def test_a_run_declares_the_code_it_executes():

@@ -134,10 +134,24 @@ def run_sources(strategy: str) -> list[str]:
     return sorted(str(f) for f in {*own, *shared})
 
 
+def check_output_dirs(config: dict, base_dir: Path | str) -> None:
+    """results_dir and resources_dir stay inside the working directory or the repository (`base_dir`)
+    unless `allow_outside_project`: the workflow clears and replaces folders under them."""
+    if config["allow_outside_project"]:
+        return
+    roots = [Path.cwd().resolve(), Path(base_dir).resolve()]
+    for key in ("results_dir", "resources_dir"):
+        path = Path(config[key]).expanduser().resolve()
+        if not any(path == root or root in path.parents for root in roots):
+            raise ConfigError(key, f"'{config[key]}' resolves to {path}, outside the project ({roots[0]}); "
+                                   f"set allow_outside_project: true to write there")
+
+
 def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     """Validate the whole config (schema defaults filled in place) and resolve its experiments."""
     schema = load_schema()
     validate_against_schema(config, schema)
+    check_output_dirs(config, base_dir)
     experiments = {name: resolve_experiment(config, name, schema) for name in config["experiments"]}
     for exp in experiments.values():
         check_experiment(exp, base_dir)

@@ -37,9 +37,10 @@ rule run_strategy:
     params:
         model_dir=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
         out=lambda w: run_dir(w.exp, w.strategy),
+    # tee -i: a Ctrl-C reaches tee too, and the launcher's record of the interrupt must still be logged.
     shell:
         "python -m shardlab.runner.launch --experiment-config {input.settings} --strategy {wildcards.strategy}"
-        " --model-dir {params.model_dir} --tokens {input.tokens} --out {params.out} 2>&1 | tee {log}"
+        " --model-dir {params.model_dir} --tokens {input.tokens} --out {params.out} 2>&1 | tee -i {log}"
 
 
 # The same deterministic single-device run is not repeated for experiments with identical settings.

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from shardlab.core.splits import rows_of_part
+from shardlab.errors import load_artifact
 
 EOS = "<|endoftext|>"
 
@@ -80,7 +81,7 @@ def fit_tokenizer(docs: list[str], vocab_size: int):
 def load_tokenizer(model_dir: Path | str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return load_artifact("tokenizer", model_dir, lambda: AutoTokenizer.from_pretrained(model_dir))
 
 
 def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from shardlab.errors import load_artifact
+
 
 class ModelUnavailable(RuntimeError):
     """The hub model cannot be fetched; the message says how to fix it."""
@@ -86,7 +88,7 @@ def load_model(model_dir: Path | str):
     """Load in fp32 (mixed precision, when asked for, is autocast on top of fp32 master weights)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = load_artifact("model", model_dir, lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
     model.config.use_cache = False
     return model
 

@@ -9,7 +9,9 @@ step 1 so that step 0's metrics exist. Each stands in for a real failure mode:
   process-group timeout (launch.collective_timeout_s) ends;
 - non_utf8: rank 0 prints bytes that are not UTF-8, then trains on;
 - kill_rank1_once: rank 1 dies by SIGKILL at step 3 of a run that has not resumed (a rank lost
-  mid-run once; the resumed run, by a torchrun restart or a rerun, goes through).
+  mid-run once; the resumed run, by a torchrun restart or a rerun, goes through);
+- stall_rank1_once: rank 1 stops silently at step 3 of a run that has not resumed, so that a test
+  can interrupt the workflow in mid-run, after a checkpoint (the rerun resumes and goes through).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ ONCE_STEP = 3  # late enough for a checkpoint before it
 
 
 def inject_fault(kind: str, step: int, rank: int, resumed: bool = False) -> None:
-    if kind == "kill_rank1_once" and step == ONCE_STEP and rank == 1 and not resumed:
+    if kind.endswith("_rank1_once") and step == ONCE_STEP and rank == 1 and not resumed:
         sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "kill_rank1_once":
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            time.sleep(3600)
     if step != FAULT_STEP or kind in ("none", "skip_grad_average"):  # skip_grad_average lives in the DP strategies
         return
     if kind == "raise_oom" or (kind == "oom_rank1" and rank == 1):

@@ -22,7 +22,7 @@ from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 from shardlab.runner.failures import failure_outcome
 from shardlab.runner.metrics import attempt_resumes, now, write_json
-from shardlab.runner.process import Interrupted, run_logged
+from shardlab.runner.process import Interrupted, console, run_logged
 from shardlab.strategies import get_spec
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "run.log")
@@ -90,7 +90,7 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
             break  # done, out of time, or rejected before launch: a restart would change nothing
         earlier = [*earlier, f"{attempt.name}: {summary['status']}: {summary['reason']}"]
         if restart < exp["launch"].get("max_restarts", 0):
-            print(f"[launch] {exp['name']}/{strategy}: restart {restart + 1} after {summary['reason']}", flush=True)
+            console(f"[launch] {exp['name']}/{strategy}: restart {restart + 1} after {summary['reason']}")
     return summary
 
 
@@ -102,7 +102,7 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
     except ConfigError as err:
         (attempt / "run.log").write_text(f"[launch] configuration rejected before launch: {err}\n")
         return dict(base, status="failed", reason=str(err), world_size=None), None
-    print(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es) -> {attempt}", flush=True)
+    console(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es) -> {attempt}")
     run_args = ["--experiment-config", str(exp_config), "--strategy", strategy, "--model-dir", str(model_dir),
                 "--tokens", str(tokens), "--out", str(attempt)]
     if exp["training"].get("checkpoint_every"):
@@ -114,7 +114,7 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
         return json.loads((attempt / "summary.json").read_text()), None
     summary = dict(base, **failure_outcome(attempt, rc, stopped, timeout_s), world_size=n_procs,
                    resumes=attempt_resumes(attempt))
-    print(f"[launch] {exp['name']}/{strategy}: recorded as {summary['status']}: {summary['reason']}", flush=True)
+    console(f"[launch] {exp['name']}/{strategy}: recorded as {summary['status']}: {summary['reason']}")
     return summary, stopped
 
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "share":  # share SOURCE_RUN_DIR OUT_RUN_DIR EXPERIMENT
         share_reference(Path(argv[1]), Path(argv[2]), argv[3])
-        print(f"[launch] {argv[3]}/single: shares the identical reference run {argv[1]}")
+        console(f"[launch] {argv[3]}/single: shares the identical reference run {argv[1]}")
         return 0
     parser = argparse.ArgumentParser(prog="shardlab.runner.launch", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True)
@@ -180,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = launch(exp, args.experiment_config, args.strategy, args.model_dir, args.tokens, args.out)
     except Interrupted as err:  # recorded in the attempt folder; the job itself must fail
-        print(f"[launch] {exp['name']}/{args.strategy}: {err}; nothing of the run is left running", flush=True)
+        console(f"[launch] {exp['name']}/{args.strategy}: {err}; nothing of the run is left running")
         return 128 + err.signum
-    print(f"[launch] {exp['name']}/{args.strategy}: {summary['status']}", flush=True)
+    console(f"[launch] {exp['name']}/{args.strategy}: {summary['status']}")
     return 0  # a failed run is a result, not a DAG failure
 
 

@@ -70,12 +70,21 @@ def _signal(proc: psutil.Process, sig: int) -> None:
         pass
 
 
+def console(text: str) -> None:
+    """Print, best effort: the console may be gone (a `| tee` killed by the same Ctrl-C), and losing
+    it must not lose the run's log or its recorded outcome."""
+    try:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        pass
+
+
 def _tee(stream, log) -> None:
     for line in stream:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        log.write(line)
+        log.write(line)  # the log first: it is the record
         log.flush()
+        console(line)
 
 
 def run_logged(cmd: list[str], log_path: Path, env: dict, timeout_s: float, tag: str) -> tuple[int | None, str | None]:
