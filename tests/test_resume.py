@@ -20,7 +20,7 @@ import yaml
 from conftest import REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
 from shardlab.config import deep_merge
 from shardlab.runner.checkpoint import Checkpointer, resume_key
-from shardlab.runner.faults import ONCE_STEP
+from shardlab.runner.faults import FAULT_STEP, ONCE_STEP
 from shardlab.runner.process import run_processes
 from shardlab.strategies import REGISTRY
 
@@ -41,8 +41,30 @@ FAMILIES = {
 FAMILY_OF = {name: REGISTRY[name].family for name in FAMILIES}
 
 
+FAULT_LOG = os.environ.get("SHARDLAB_FAULT_LOG")  # scripts/fault-drill.sh collects the outcomes here
+
+
 def _losses(steps):
     return [s["loss"] for s in steps]
+
+
+def _steps_lost(attempts: Path, resumed_from: int) -> int:
+    """Steps the first (failed) attempt completed that the resumed run had to redo."""
+    first = min(attempts.iterdir(), key=lambda p: p.stat().st_mtime)
+    done = len((first / "metrics.jsonl").read_text().splitlines())
+    return done - resumed_from
+
+
+def _record(strategy: str, fault: str, recovery: str, summary: dict, started: float, steps_lost=None) -> None:
+    """One fault's outcome for scripts/fault-drill.sh (nothing unless SHARDLAB_FAULT_LOG is set)."""
+    if not FAULT_LOG:
+        return
+    row = {"strategy": strategy, "family": REGISTRY[strategy].family, "fault": fault, "recovery": recovery,
+           "status": summary["status"], "restarts": len(summary.get("restarts", [])),
+           "resumed_from": [r["from_step"] for r in summary.get("resumes", [])], "steps_lost": steps_lost,
+           "checkpoint_every": EVERY, "wall_s": round(time.monotonic() - started, 1)}
+    with open(FAULT_LOG, "a") as log:
+        log.write(json.dumps(row) + "\n")
 
 
 def test_every_multi_process_family_is_covered():
@@ -68,9 +90,12 @@ def uninterrupted(tiny_assets, tmp_path_factory):
 
 @pytest.mark.torchrun
 @pytest.mark.parametrize("strategy", FAMILIES)
-def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uninterrupted):
+def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uninterrupted, tmp_path):
+    started = time.monotonic()
     faults = {"training": {"checkpoint_every": EVERY, "fault_injection": "kill_rank1_once"}, "launch": {"max_restarts": 1}}
     summary, steps = run_strategy(strategy, deep_merge(faults, FAMILIES[strategy]))
+    lost = _steps_lost(tmp_path / "attempts" / strategy, ONCE_STEP - ONCE_STEP % EVERY)
+    _record(strategy, f"rank 1 SIGKILL at step {ONCE_STEP}", "launcher restart", summary, started, lost)
     assert summary["status"] == "ok", summary["reason"]
     assert [s["step"] for s in steps] == STEPS  # none missing, none twice
     assert _losses(steps) == uninterrupted(strategy)  # exactly: the same bits
@@ -78,6 +103,7 @@ def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uni
     assert [(r["from_step"], r["restart"]) for r in resumed] == [(ONCE_STEP - ONCE_STEP % EVERY, 1)]
     assert len(summary["restarts"]) == 1 and "rank 1: killed by SIGKILL" in summary["restarts"][0]
     assert [s["step"] for s in steps if s.get("untimed")] == [resumed[0]["from_step"]]  # probe + reload step
+    assert 0 <= lost <= EVERY
 
 
 @pytest.mark.torchrun
@@ -90,6 +116,7 @@ def test_a_hung_rank_times_out_and_exhausted_restarts_are_recorded(strategy, run
     faults = {"training": {"checkpoint_every": 1, "fault_injection": "hang_rank1"},
               "launch": {"max_restarts": 1, "collective_timeout_s": HANG_TIMEOUT_S, "timeout_s": DEADLINE_S}}
     summary, steps = run_strategy(strategy, deep_merge(faults, FAMILIES[strategy]))
+    _record(strategy, f"rank 1 hangs at step {FAULT_STEP}, every attempt", "none: restarts exhausted", summary, started)
     assert summary["status"] == "failed"
     assert "collective timed out (launch.collective_timeout_s)" in summary["reason"], summary["reason"]
     assert len(summary["restarts"]) == 1 and "collective timed out" in summary["restarts"][0]
@@ -108,7 +135,10 @@ def test_a_rerun_resumes_where_the_failed_attempt_stopped(tiny_assets, tmp_path,
     checkpoints = tmp_path / "checkpoints" / "dp_naive"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000001"]
 
+    started = time.monotonic()
     summary, steps = launch_test_run(tiny_assets, tmp_path, "dp_naive", overrides)  # Snakemake reruns the job
+    _record("dp_naive", f"rank 1 SIGKILL at step {ONCE_STEP}", "rerun of the job", summary, started,
+            _steps_lost(tmp_path / "attempts" / "dp_naive", EVERY))
     assert summary["status"] == "ok", summary["reason"]
     assert [s["step"] for s in steps] == STEPS
     assert _losses(steps) == uninterrupted("dp_naive")
@@ -152,7 +182,10 @@ def test_a_checkpoint_written_at_4_ranks_resumes_at_2(strategy, tiny_assets, tmp
     faults = {"training": {"checkpoint_every": EVERY, "fault_injection": "kill_rank1_once"}}
     failed, _ = launch_test_run(tiny_assets, tmp_path, strategy, deep_merge(faults, {"launch": {"world_size": 4}}))
     assert failed["status"] != "ok" and failed["world_size"] == 4
+    started = time.monotonic()
     summary, steps = launch_test_run(tiny_assets, tmp_path, strategy, faults)  # the rerun, on 2 ranks
+    _record(strategy, f"rank 1 SIGKILL at step {ONCE_STEP} (4 ranks)", "rerun on 2 ranks", summary, started,
+            _steps_lost(tmp_path / "attempts" / strategy, EVERY))
     assert summary["status"] == "ok", summary["reason"]
     assert [(r["from_step"], r["world_size"]) for r in summary["resumes"]] == [(EVERY, 2)]
     assert [s["step"] for s in steps] == STEPS
@@ -205,12 +238,15 @@ def test_an_interrupted_workflow_rerun_resumes_and_rebuilds_the_same_tables(tmp_
     assert proc.returncode != 0 and "interrupted by SIGINT" in log, log[-3000:]
     assert not run_processes(str(config.parent))
 
+    started = time.monotonic()
     rerun = _snakemake(config)
     log = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0, log[-3000:]
     assert (results / "runs" / "single" / "summary.json").read_text() == single  # not redone
     assert len(list((results / "attempts" / "single").iterdir())) == 1
     ddp = json.loads((results / "runs" / "ddp" / "summary.json").read_text())
+    _record("ddp", "Ctrl-C to snakemake at step 3", "same snakemake command again", ddp, started,
+            _steps_lost(results / "attempts" / "ddp", EVERY))
     assert ddp["status"] == "ok" and [r["from_step"] for r in ddp["resumes"]] == [EVERY]
 
     baseline = _study(tmp_path / "uninterrupted", "none")
