@@ -19,6 +19,7 @@ def attempt_resumes(attempt: Path) -> list[dict]:
     path = Path(attempt) / RESUMES_FILE
     return json.loads(path.read_text()) if path.exists() else []
 
+
 def environment(topo) -> dict:
     import torch  # imported here: the launcher uses this module and must start fast, without torch
     import transformers

@@ -187,7 +187,7 @@ class Strategy:
         """Where this rank's state lives in a checkpoint. None: every tensor has one global name
         (replicated, FSDP2, DTensor shards), so DCP writes a replicated tensor once and can reshard.
         Strategies whose ranks hold different hand-cut tensors under the same module names return
-        the name of their slice (e.g. "stage1"); ranks with the same slice share it."""
+        the name of their slice (e.g. "stage_rank1"); ranks with the same slice share it."""
         return None
 
     def _dcp_state(self) -> dict:
