@@ -30,6 +30,10 @@ TEST_EXPERIMENT = {
     "strategy_options": {},
 }
 
+# The mixture-of-experts model of the expert-parallel tests: capacity 1.0, so that tokens are dropped.
+MOE_OPTIONS = {"num_experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.01}
+MOE_OVERRIDES = {"strategy_options": {"moe_single": MOE_OPTIONS, "ep_moe": MOE_OPTIONS}}
+
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
@@ -64,6 +68,22 @@ def launch_test_run(assets, root: Path, strategy: str, overrides: dict | None = 
 def run_strategy(tiny_assets, tmp_path):
     """run_strategy(name, overrides) -> (summary, per-step records): one real torchrun launch."""
     return lambda strategy, overrides=None: launch_test_run(tiny_assets, tmp_path, strategy, overrides)
+
+
+@pytest.fixture(scope="session")
+def run_once(tiny_assets, tmp_path_factory):
+    """run_once(name, overrides) -> (summary, per-step records), launched once per session for each
+    distinct (strategy, overrides): for tests that only read a healthy run's outcome (parity, and the
+    uninterrupted runs that resumed ones must equal), so that they share one launch."""
+    cache = {}
+
+    def run(strategy, overrides=None):
+        key = (strategy, json.dumps(overrides or {}, sort_keys=True))
+        if key not in cache:
+            cache[key] = launch_test_run(tiny_assets, tmp_path_factory.mktemp(strategy), strategy, overrides)
+        return copy.deepcopy(cache[key])
+
+    return run
 
 
 @pytest.fixture(scope="session")

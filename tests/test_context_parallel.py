@@ -65,9 +65,9 @@ def test_config_check_rejects_unshardable_sequence_length():
 
 @pytest.mark.parity
 @pytest.mark.torchrun
-def test_cp_ring_matches_single_device_and_halves_activations(run_strategy):
-    reference, ref_steps = run_strategy("single")
-    summary, steps = run_strategy("cp_ring")
+def test_cp_ring_matches_single_device_and_halves_activations(run_once):
+    reference, ref_steps = run_once("single")
+    summary, steps = run_once("cp_ring")
     assert reference["status"] == "ok", reference["reason"]
     assert summary["status"] == "ok", summary["reason"]
     assert summary["world_size"] == 2

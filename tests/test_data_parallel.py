@@ -15,8 +15,8 @@ DP_STRATEGIES = ["dp_naive", "dp_interleaved", "ddp"]
 @pytest.mark.torchrun
 @pytest.mark.parity
 @pytest.mark.parametrize("strategy", DP_STRATEGIES)
-def test_dp_losses_match_single_device(strategy, run_strategy, reference_losses):
-    summary, steps = run_strategy(strategy)
+def test_dp_losses_match_single_device(strategy, run_once, reference_losses):
+    summary, steps = run_once(strategy)
     assert summary["status"] == "ok", summary["reason"]
     assert summary["world_size"] == 2
     assert_losses_match([s["loss"] for s in steps], reference_losses)

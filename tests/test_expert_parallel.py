@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import TEST_EXPERIMENT, assert_losses_match
+from conftest import MOE_OVERRIDES, TEST_EXPERIMENT, assert_losses_match
 from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
 from shardlab.tables import TableInputs
@@ -87,14 +87,12 @@ def test_config_checks_reject_bad_moe_settings():
 
 @pytest.mark.parity
 @pytest.mark.torchrun
-def test_ep_moe_matches_unsharded_moe(run_strategy):
+def test_ep_moe_matches_unsharded_moe(run_once):
     """Same MoE model, same seed, same global batch: 1 process vs experts split over 2 ranks.
 
     Capacity factor 1.0 so that tokens are dropped, and the drops must agree too."""
-    options = {"num_experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.01}
-    overrides = {"strategy_options": {"moe_single": options, "ep_moe": options}}
-    reference, ref_steps = run_strategy("moe_single", overrides)
-    sharded, steps = run_strategy("ep_moe", overrides)
+    reference, ref_steps = run_once("moe_single", MOE_OVERRIDES)
+    sharded, steps = run_once("ep_moe", MOE_OVERRIDES)
     assert reference["status"] == "ok", reference["reason"]
     assert sharded["status"] == "ok", sharded["reason"]
     assert sharded["world_size"] == 2

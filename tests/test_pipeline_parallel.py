@@ -116,8 +116,8 @@ pp_runs = pytest.mark.torchrun
 @pytest.mark.parity
 @pp_runs
 @pytest.mark.parametrize("strategy", ["pp_gpipe", "pp_1f1b", "pp_interleaved"])
-def test_pipeline_losses_match_single_device(strategy, run_strategy, reference_losses):
-    summary, steps = run_strategy(strategy)
+def test_pipeline_losses_match_single_device(strategy, run_once, reference_losses):
+    summary, steps = run_once(strategy)
     assert summary["status"] == "ok", summary["reason"]
     assert_losses_match([s["loss"] for s in steps], reference_losses)
     # validation loss runs through the schedule's forward-only path and reaches every rank
@@ -136,8 +136,8 @@ def test_pipeline_losses_match_single_device(strategy, run_strategy, reference_l
 
 @pytest.mark.parity
 @pp_runs
-def test_hybrid_dp_pp_matches_single_device(run_strategy, reference_losses):
-    summary, steps = run_strategy("hybrid_dp_pp", {"strategy_options": {"hybrid_dp_pp": {"world_size": 4, "n_microbatches": 2}}})
+def test_hybrid_dp_pp_matches_single_device(run_once, reference_losses):
+    summary, steps = run_once("hybrid_dp_pp", {"strategy_options": {"hybrid_dp_pp": {"world_size": 4, "n_microbatches": 2}}})
     assert summary["status"] == "ok", summary["reason"]
     assert summary["world_size"] == 4
     assert_losses_match([s["loss"] for s in steps], reference_losses)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
+from conftest import MOE_OVERRIDES, REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
 from shardlab.config import deep_merge
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.faults import FAULT_STEP, ONCE_STEP
@@ -33,10 +33,10 @@ STEPS = list(range(TEST_EXPERIMENT["training"]["steps"]))
 FAMILIES = {
     "ddp": {}, "zero3": {}, "fsdp2_full": {},
     "tp_sp": {}, "tp_sp_dtensor": {},
-    "pp_1f1b": {"strategy_options": {"pp_1f1b": {"n_microbatches": 2}}},
+    "pp_1f1b": {},
     "hybrid_dp_pp": {"strategy_options": {"hybrid_dp_pp": {"world_size": 4, "n_microbatches": 2}}},
     "cp_ring": {},
-    "ep_moe": {"strategy_options": {"ep_moe": {"num_experts": 4, "capacity_factor": 1.0}}},
+    "ep_moe": MOE_OVERRIDES,
 }
 FAMILY_OF = {name: REGISTRY[name].family for name in FAMILIES}
 
@@ -50,7 +50,7 @@ def _losses(steps):
 
 def _steps_lost(attempts: Path, resumed_from: int) -> int:
     """Steps the first (failed) attempt completed that the resumed run had to redo."""
-    first = min(attempts.iterdir(), key=lambda p: p.stat().st_mtime)
+    first = min(attempts.iterdir())  # attempt folders are named by their start time
     done = len((first / "metrics.jsonl").read_text().splitlines())
     return done - resumed_from
 
@@ -72,18 +72,13 @@ def test_every_multi_process_family_is_covered():
     assert families == set(FAMILY_OF.values())
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tiny_assets, tmp_path_factory):
-    """Per-step losses of runs without checkpoints or faults, by strategy (one launch each)."""
-    cache = {}
-
+@pytest.fixture
+def uninterrupted(run_once):
+    """Per-step losses of the run without checkpoints or faults (shared with the parity tests)."""
     def losses(strategy):
-        if strategy not in cache:
-            summary, steps = launch_test_run(tiny_assets, tmp_path_factory.mktemp(strategy), strategy,
-                                             FAMILIES.get(strategy))
-            assert summary["status"] == "ok", summary["reason"]
-            cache[strategy] = _losses(steps)
-        return cache[strategy]
+        summary, steps = run_once(strategy, FAMILIES.get(strategy))
+        assert summary["status"] == "ok", summary["reason"]
+        return _losses(steps)
 
     return losses
 

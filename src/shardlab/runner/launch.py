@@ -44,6 +44,12 @@ def torchrun_command(n_procs: int, run_args: list[str]) -> list[str]:
             "-m", "shardlab.runner.worker", *run_args]
 
 
+def attempt_stamp() -> str:
+    """Local time to the millisecond: attempt folders sort by start and never share a name."""
+    now_s = time.time()
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now_s))}.{int(now_s * 1000) % 1000:03d}"
+
+
 def checkpoint_dir(out: Path, strategy: str) -> Path:
     """results/<exp>/checkpoints/<strategy>: beside the attempts, outlives any one of them."""
     return out.parent.parent / "checkpoints" / strategy
@@ -79,8 +85,8 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
             "config_hash": config_hash(exp), "model": model_summary(model_dir), "started": now(), "ranks": []}
     earlier: list[str] = []
     for restart in range(exp["launch"].get("max_restarts", 0) + 1):
-        attempt = out.parent.parent / "attempts" / strategy / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{restart}"
-        attempt.mkdir(parents=True, exist_ok=True)
+        attempt = out.parent.parent / "attempts" / strategy / f"{attempt_stamp()}-{os.getpid()}-{restart}"
+        attempt.mkdir(parents=True)  # new every time: an attempt never writes into another's folder
         summary, stopped = run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base, restart)
         summary.update(attempt=str(attempt), finished=now(), restarts=earlier)
         record_attempt(attempt, out, summary)
