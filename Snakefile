@@ -31,6 +31,7 @@ include: "workflow/rules/communication.smk"
 include: "workflow/rules/context_expert.smk"
 include: "workflow/rules/pipeline.smk"
 include: "workflow/rules/science.smk"
+include: "workflow/rules/verdicts.smk"
 include: "workflow/rules/report.smk"
 
 

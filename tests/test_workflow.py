@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,11 @@ def test_dag_end_to_end_on_reduced_config(tmp_path):
     assert html.count("vegaEmbed(\"#chart-") >= 5  # every chart embedded...
     assert html.count("window.vegaEmbed=") == 1  # ...with the Vega bundle inlined once (offline)
     assert "Traceback" not in html
+    assert ">nan<" not in html  # missing values show as a dash
+    assert not re.findall(r'<script[^>]+src="https?:', html)  # nothing fetched from a CDN: it opens offline
+    verdicts = pd.read_csv(results / "tables" / "verdicts.csv")
+    assert set(verdicts["verdict"]) <= {"supported", "contradicted", "not decidable"} and len(verdicts) >= 7
+    assert "this run&#39;s verdicts" in html or "this run's verdicts" in html
     assert 'data-mime-type="application/vnd.jupyter.stderr"' not in html  # no cell wrote to stderr
     for figure in ("throughput", "memory_by_category", "loss_curves", "dp_comm_time"):
         assert (results / "report" / "figures" / f"{figure}.png").stat().st_size > 1000

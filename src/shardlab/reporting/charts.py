@@ -47,7 +47,9 @@ def save_chart(chart: alt.TopLevelMixin, name: str) -> alt.TopLevelMixin:
 
 
 def show_table(frame, floatfmt: str = ".4g") -> None:
-    """A table as markdown in the rendered report (column names must not contain '|')."""
+    """A table as markdown in the rendered report (column names must not contain '|'); a missing
+    value shows as a dash, never as "nan"."""
     from IPython.display import Markdown, display
 
-    display(Markdown(frame.to_markdown(index=False, floatfmt=floatfmt)))
+    shown = frame.astype(object).where(frame.notna(), None)
+    display(Markdown(shown.to_markdown(index=False, floatfmt=floatfmt, missingval="–")))

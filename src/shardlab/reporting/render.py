@@ -71,7 +71,7 @@ def render_fallback(qmd: Path, title: str) -> Path:
             tags.append("remove_input")
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(qmd.parent)}}).execute()
-    exporter = HTMLExporter()
+    exporter = HTMLExporter(template_name="offline", extra_template_basedirs=[str(Path(__file__).parent / "templates")])
     exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={"remove_cell"},
                                                          remove_input_tags={"remove_input"}), enabled=True)
     exporter.exclude_input_prompt = exporter.exclude_output_prompt = True

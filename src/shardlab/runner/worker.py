@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
+from shardlab.core.timing import timed_steps
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model
@@ -47,8 +48,7 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 def summarize(exp: dict, strategy: str, records: list[dict], ranks: list[dict], env: dict, n_params: int) -> dict:
     training = exp["training"]
-    past_warmup = [r for r in records if r["step"] >= training["warmup_steps"]]
-    timed = [r for r in past_warmup if not r.get("untimed")] or past_warmup
+    timed = timed_steps(records, training["warmup_steps"])
     step_median = statistics.median(r["step_time_s"] for r in timed)
     comm = [r["comm_time_s"] for r in timed if r["comm_time_s"] is not None]
     val = [r["val_loss"] for r in records if "val_loss" in r]

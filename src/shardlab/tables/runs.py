@@ -1,7 +1,8 @@
 """Every run's summary and step log -> the tidy tables of the report's main sections.
 
 - runs: one row per run (status, reason, throughput, loss, settings, environment, topic, reference)
-- steps: one row per run step (loss, step time, tokens/s, communication time, validation loss)
+- steps: one row per run step (loss, step time, tokens/s, communication time, validation loss, and
+  `timed`: whether it counts in the run's step-time statistics, `core.timing`)
 - ranks: one row per run rank: measured parameter/gradient/optimizer/activation bytes, peak, extras,
   and the registry's model-state prediction beside them (`predicted_*_bytes`)
 - activations: one row per run rank module (bytes saved for backward)
@@ -17,6 +18,7 @@ import json
 
 import pandas as pd
 
+from shardlab.core.timing import timed_steps
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 from shardlab.tables.parity import parity_rows
@@ -57,6 +59,9 @@ def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], li
     key = {k: summary.get(k) for k in RUN_KEYS}
     ranks = summary.pop("ranks", []) or []
     steps = summary.pop("step_log", [])
+    exp = inputs.experiments.get(summary.get("experiment"))
+    timed = {r["step"] for r in timed_steps(steps, exp["training"]["warmup_steps"])} if exp else set()
+    steps = [dict(s, timed=s["step"] in timed) for s in steps]
     spec = REGISTRY.get(summary.get("strategy"))
     run = dict(_scalars(summary), topic=spec and spec.topic, reference=spec and spec.reference)
     predicted = predicted_states(summary, inputs)

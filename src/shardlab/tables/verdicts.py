@@ -1,0 +1,185 @@
+"""The study's claims (the seed paper's, restated in ../shared/paper.md and the README) each with this
+study's verdict, computed from the other tables so that it changes when the data do.
+
+- verdicts: one row per claim and experiment: the measure, its value with an interval where it is a
+  timing, and a verdict: "supported", "contradicted" or "not decidable" (with the reason).
+- strategy_choice: per experiment, which finished strategy that reproduces its reference to do what:
+  the fastest (and whether it beats the runner-up beyond noise) and the least memory per rank.
+
+Throughput ratios carry a 95 % bootstrap interval over the timed steps of both runs (`core.timing`,
+the `timed` column of `steps`): it covers step-to-step noise within the two runs, not the drift
+between runs on another day, which is larger on a shared 2-core machine. A ratio decides a claim
+only when its whole interval lies on one side of 1. Memory comparisons use measured bytes, which
+are deterministic: they decide by comparison alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from shardlab.tables import TableInputs
+
+TOPIC = "verdicts"
+COLUMNS = ["claim", "statement", "experiment", "measure", "value", "low", "high", "verdict", "evidence"]
+CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "value", "low", "high", "decided", "evidence"]
+SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not decidable"
+BOOTSTRAP_SAMPLES = 2000
+STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
+
+# (claim, statement, faster strategy, slower strategy): "faster beats slower in tokens/s".
+SPEED_CLAIMS = [
+    ("1a", "Interleaved data parallelism beats naive data parallelism in throughput", "dp_interleaved", "dp_naive"),
+    ("1b", "PyTorch DDP beats naive data parallelism in throughput", "ddp", "dp_naive"),
+    ("2b", "ZeRO-3 loses throughput to its extra communication (ZeRO-0 is faster)", "zero0", "zero3"),
+]
+LADDER = ("zero0", "zero1", "zero2", "zero3")  # the plain rungs: offload moves bytes off the device
+
+
+def throughput_ratio(fast_times, slow_times, seed: int = 0) -> tuple[float, float, float]:
+    """tokens/s of the first run over the second's (same tokens per step: the inverse ratio of median
+    step times), with a 95 % percentile bootstrap interval resampling each run's timed steps."""
+    fast, slow = np.asarray(fast_times, float), np.asarray(slow_times, float)
+    rng = np.random.default_rng(seed)
+    fast_medians = np.median(rng.choice(fast, (BOOTSTRAP_SAMPLES, fast.size)), axis=1)
+    slow_medians = np.median(rng.choice(slow, (BOOTSTRAP_SAMPLES, slow.size)), axis=1)
+    low, high = np.percentile(slow_medians / fast_medians, [2.5, 97.5])
+    return float(np.median(slow) / np.median(fast)), float(low), float(high)
+
+
+def decide_ratio(low: float, high: float) -> str:
+    """Above 1 over the whole interval: supported; below 1 over all of it: contradicted."""
+    return SUPPORTED if low > 1 else CONTRADICTED if high < 1 else UNDECIDED
+
+
+def _row(claim, statement, experiment, measure, value, verdict, evidence, low=None, high=None) -> dict:
+    return dict(zip(COLUMNS, (claim, statement, experiment, measure, value, low, high, verdict, evidence)))
+
+
+def speed_rows(steps: pd.DataFrame) -> list[dict]:
+    rows = []
+    times = _times(steps)
+    for claim, statement, fast, slow in SPEED_CLAIMS:
+        experiments = sorted({e for e, s in times if s == fast} & {e for e, s in times if s == slow})
+        for exp in experiments:
+            ratio, low, high = throughput_ratio(times[exp, fast], times[exp, slow])
+            evidence = (f"{fast} / {slow} tokens/s = {ratio:.2f} (95 % interval {low:.2f}-{high:.2f}, "
+                        f"{len(times[exp, fast])} and {len(times[exp, slow])} timed steps)")
+            rows.append(_row(claim, statement, exp, f"tokens/s {fast} / {slow}", ratio, decide_ratio(low, high),
+                             evidence, low, high))
+        if not experiments:
+            rows.append(_row(claim, statement, None, f"tokens/s {fast} / {slow}", None, UNDECIDED,
+                             f"no experiment ran both {fast} and {slow} to the end"))
+    return rows
+
+
+def growth_row(speed: list[dict], runs: pd.DataFrame) -> dict:
+    """Claim 1c: the overlap benefit grows with model size, read across experiments of different sizes."""
+    statement = "The overlap benefit of interleaved data parallelism grows with model size"
+    measured = [r for r in speed if r["claim"] == "1a" and r["value"] is not None]
+    size = runs.drop_duplicates("experiment").set_index("experiment")["model.parameters"]
+    sized = sorted((size.get(r["experiment"]), r) for r in measured if pd.notna(size.get(r["experiment"])))
+    if len({s for s, _ in sized}) < 2:
+        return _row("1c", statement, None, "ratio 1a vs model size", None, UNDECIDED,
+                    "needs the 1a comparison on at least two model sizes (the runpod study runs Pythia-160m and 1B)")
+    (small, a), (large, b) = sized[0], sized[-1]
+    verdict = SUPPORTED if b["low"] > a["high"] else CONTRADICTED if b["high"] < a["low"] else UNDECIDED
+    evidence = (f"{a['value']:.2f} ({a['low']:.2f}-{a['high']:.2f}) at {small:,.0f} parameters, "
+                f"{b['value']:.2f} ({b['low']:.2f}-{b['high']:.2f}) at {large:,.0f}")
+    return _row("1c", statement, f"{a['experiment']}, {b['experiment']}", "ratio 1a, largest / smallest model",
+                b["value"] / a["value"], verdict, evidence)
+
+
+def zero_memory_rows(zero: pd.DataFrame | None) -> list[dict]:
+    statement = "ZeRO-3 holds the least model-state memory per rank of the ZeRO ladder"
+    if zero is None or zero.empty:
+        return [_row("2a", statement, None, "model-state bytes per rank", None, UNDECIDED, "no ZeRO experiment ran")]
+    rows = []
+    ok = zero[(zero["status"] == "ok") & zero["strategy"].isin(LADDER)]
+    for exp, g in ok.groupby("experiment"):
+        per_rung = g.groupby("strategy")["measured_model_state_bytes"].max()
+        if LADDER[-1] not in per_rung or len(per_rung) < 2:
+            continue
+        others = per_rung.drop(LADDER[-1])
+        least = per_rung[LADDER[-1]] < others.min()
+        evidence = ", ".join(f"{s} {b / 2**20:.2f} MiB" for s, b in per_rung.items())
+        rows.append(_row("2a", statement, exp, f"model-state bytes per rank, {LADDER[-1]} / least of the others",
+                         per_rung[LADDER[-1]] / others.min(), SUPPORTED if least else CONTRADICTED, evidence))
+    return rows or [_row("2a", statement, None, "model-state bytes per rank", None, UNDECIDED,
+                         f"no experiment finished {LADDER[-1]} and another plain rung")]
+
+
+def tp_memory_rows(tp: pd.DataFrame | None) -> list[dict]:
+    tp_all = "Tensor parallelism reduces all four: parameter, gradient, optimizer-state and activation memory"
+    sp_less = "TP + sequence parallelism reduces activation memory further than TP alone"
+    if tp is None or tp.empty:
+        return [_row(c, s, None, "bytes per rank", None, UNDECIDED, "no tensor-parallel experiment ran")
+                for c, s in (("3", tp_all), ("4", sp_less))]
+    rows = []
+    for exp, g in tp.groupby("tp_experiment"):
+        by = g.groupby("strategy")[list(STATE_CATEGORIES)].max()
+        if {"single", "tp"} <= set(by.index):
+            ratios = by.loc["tp"] / by.loc["single"]
+            evidence = ", ".join(f"{c.removesuffix('_bytes')} {r:.2f}" for c, r in ratios.items())
+            rows.append(_row("3", tp_all, exp, "tp / single bytes per rank, largest category", ratios.max(),
+                             SUPPORTED if (ratios < 1).all() else CONTRADICTED, f"tp / single: {evidence}"))
+        if {"tp", "tp_sp"} <= set(by.index):
+            ratio = by.loc["tp_sp", "activation_bytes"] / by.loc["tp", "activation_bytes"]
+            rows.append(_row("4", sp_less, exp, "activation bytes tp_sp / tp", ratio,
+                             SUPPORTED if ratio < 1 else CONTRADICTED, f"tp_sp / tp activation bytes = {ratio:.2f}"))
+    return rows
+
+
+def _times(steps: pd.DataFrame) -> dict[tuple[str, str], np.ndarray]:
+    """Timed step times of every finished run, by (experiment, strategy)."""
+    if steps.empty:  # a study whose runs all failed has no step times
+        return {}
+    ok = steps[(steps["status"] == "ok") & steps["timed"].astype(bool)]
+    return {key: g["step_time_s"].to_numpy() for key, g in ok.groupby(["experiment", "strategy"])}
+
+
+def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """For each experiment with two or more eligible runs (finished; parallel ones within the parity
+    tolerance of their reference): the fastest, against the runner-up with its interval, and the one
+    holding the least model state (parameters, gradients, optimizer) on its fullest rank."""
+    times, parity, ranks = _times(tables["steps"]), tables.get("parity"), tables.get("ranks")
+    wrong = set()
+    if parity is not None and not parity.empty:
+        wrong = set(map(tuple, parity.loc[~parity["within_tolerance"].astype(bool), ["experiment", "strategy"]].values))
+    rows = []
+    for exp in sorted({e for e, _ in times}):
+        eligible = {s: t for (e, s), t in times.items() if e == exp and (e, s) not in wrong}
+        if len(eligible) < 2:
+            continue
+        ranked = sorted(eligible, key=lambda s: np.median(eligible[s]))
+        best, second = ranked[:2]
+        ratio, low, high = throughput_ratio(eligible[best], eligible[second])
+        clear = low > 1
+        rows.append({"experiment": exp, "goal": "throughput", "choice": best, "versus": second, "value": ratio,
+                     "low": low, "high": high, "decided": clear,
+                     "evidence": f"{ratio:.2f}x {second}'s tokens/s ({low:.2f}-{high:.2f})"
+                                 + ("" if clear else ": tied within step-to-step noise")})
+        if ranks is not None and not ranks.empty:
+            held = ranks[(ranks["experiment"] == exp) & ranks["strategy"].isin(list(eligible))]
+            states = held.assign(state=held[["param_bytes", "grad_bytes", "optimizer_bytes"]].sum(axis=1))
+            fullest = states.groupby("strategy")["state"].max().sort_values()
+            if len(fullest) >= 2:
+                tied = [s for s, b in fullest.items() if b == fullest.iloc[0]]
+                evidence = f"{fullest.iloc[0] / 2**20:.2f} MiB of model state on its fullest rank"
+                evidence += (f", as {', '.join(tied[1:])}" if len(tied) > 1
+                             else f"; next {fullest.index[1]} {fullest.iloc[1] / 2**20:.2f} MiB")
+                rows.append({"experiment": exp, "goal": "memory per rank", "choice": fullest.index[0],
+                             "versus": fullest.index[1], "value": fullest.iloc[0] / fullest.iloc[1],
+                             "low": None, "high": None, "decided": len(tied) == 1, "evidence": evidence})
+    return pd.DataFrame(rows, columns=CHOICE_COLUMNS)
+
+
+def verdicts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    speed = speed_rows(tables["steps"])
+    rows = [*speed, growth_row(speed, tables["runs"]), *zero_memory_rows(tables.get("zero_memory")),
+            *tp_memory_rows(tables.get("tp_memory_categories"))]
+    return pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", kind="stable").reset_index(drop=True)
+
+
+def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
+    return {"verdicts": verdicts(inputs.tables), "strategy_choice": strategy_choice(inputs.tables)}

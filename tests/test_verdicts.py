@@ -1,0 +1,103 @@
+"""The executive summary's verdicts and strategy choices are computed from the tables: altered tables
+flip them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from shardlab.tables.verdicts import (CONTRADICTED, SUPPORTED, UNDECIDED, decide_ratio, strategy_choice,
+                                      throughput_ratio, verdicts)
+
+
+def _steps(times: dict[str, list[float]], experiment="data_parallel") -> pd.DataFrame:
+    rows = [{"experiment": experiment, "strategy": s, "status": "ok", "step": i, "step_time_s": t, "timed": i > 0}
+            for s, ts in times.items() for i, t in enumerate([9.9, *ts])]  # step 0: warm-up, never counted
+    return pd.DataFrame(rows)
+
+
+def _runs(parameters=924416, experiment="data_parallel") -> pd.DataFrame:
+    return pd.DataFrame([{"experiment": experiment, "model.parameters": parameters}])
+
+
+def _noisy(median: float, n: int = 13, spread: float = 0.02, seed: int = 0) -> list[float]:
+    return list(median * (1 + spread * np.random.default_rng(seed).standard_normal(n)))
+
+
+def _verdict(table: pd.DataFrame, claim: str) -> str:
+    return table.loc[table["claim"] == claim, "verdict"].item()
+
+
+def _tp(tp_sp_activation: float) -> pd.DataFrame:
+    rows = [("single", 4.0, 4.0, 8.0, 40.0), ("tp", 2.0, 2.0, 4.0, 30.0), ("tp_sp", 2.0, 2.0, 4.0, tp_sp_activation)]
+    return pd.DataFrame([{"tp_experiment": "tensor_parallel", "strategy": s, "param_bytes": p, "grad_bytes": g,
+                          "optimizer_bytes": o, "activation_bytes": a} for s, p, g, o, a in rows])
+
+
+def _zero(zero3_bytes: float) -> pd.DataFrame:
+    sizes = {"zero0": 16.0, "zero1": 10.0, "zero2": 8.0, "zero3": zero3_bytes}
+    return pd.DataFrame([{"experiment": "zero", "strategy": s, "status": "ok", "rank": r,
+                          "measured_model_state_bytes": b} for s, b in sizes.items() for r in (0, 1)])
+
+
+def test_a_clear_speed_up_is_supported_and_its_reverse_contradicted():
+    fast, slow = _noisy(0.08, seed=1), _noisy(0.10, seed=2)
+    table = verdicts({"steps": _steps({"dp_naive": slow, "dp_interleaved": fast, "ddp": slow}), "runs": _runs()})
+    assert _verdict(table, "1a") == SUPPORTED
+    row = table[table["claim"] == "1a"].iloc[0]
+    assert row["low"] < row["value"] < row["high"] and row["low"] > 1
+    assert _verdict(table, "1b") == UNDECIDED  # the same distribution: the interval straddles 1
+
+    flipped = verdicts({"steps": _steps({"dp_naive": fast, "dp_interleaved": slow, "ddp": slow}), "runs": _runs()})
+    assert _verdict(flipped, "1a") == CONTRADICTED
+
+
+def test_growth_with_model_size_needs_two_sizes():
+    steps = _steps({"dp_naive": _noisy(0.10), "dp_interleaved": _noisy(0.08, seed=3)})
+    one_size = verdicts({"steps": steps, "runs": _runs()})
+    assert _verdict(one_size, "1c") == UNDECIDED
+
+    big = _steps({"dp_naive": _noisy(1.0, seed=4), "dp_interleaved": _noisy(0.5, seed=5)}, experiment="dp_1b")
+    two_sizes = verdicts({"steps": pd.concat([steps, big]),
+                          "runs": pd.concat([_runs(), _runs(1_000_000_000, "dp_1b")])})
+    assert _verdict(two_sizes, "1c") == SUPPORTED
+
+
+@pytest.mark.parametrize("tp_sp_activation,verdict", [(20.0, SUPPORTED), (35.0, CONTRADICTED)])
+def test_sequence_parallel_activation_claim_follows_the_table(tp_sp_activation, verdict):
+    table = verdicts({"steps": _steps({}), "runs": _runs(), "tp_memory_categories": _tp(tp_sp_activation)})
+    assert _verdict(table, "4") == verdict
+    assert _verdict(table, "3") == SUPPORTED
+
+
+@pytest.mark.parametrize("zero3_bytes,verdict", [(5.0, SUPPORTED), (9.0, CONTRADICTED)])
+def test_zero3_memory_claim_follows_the_table(zero3_bytes, verdict):
+    table = verdicts({"steps": _steps({}), "runs": _runs(), "zero_memory": _zero(zero3_bytes)})
+    assert _verdict(table, "2a") == verdict
+
+
+def test_claims_without_data_are_not_decidable_and_say_why():
+    table = verdicts({"steps": _steps({}), "runs": _runs()})
+    assert set(table["verdict"]) == {UNDECIDED}
+    assert table["evidence"].str.len().gt(10).all()
+
+
+def test_the_ratio_interval_is_a_bootstrap_of_median_step_times():
+    ratio, low, high = throughput_ratio([1.0] * 5, [2.0] * 5)
+    assert ratio == low == high == 2.0  # no noise: a point
+    assert decide_ratio(1.01, 1.2) == SUPPORTED and decide_ratio(0.8, 0.99) == CONTRADICTED
+    assert decide_ratio(0.9, 1.1) == UNDECIDED
+
+
+def test_the_strategy_choice_skips_wrong_runs_and_says_when_it_cannot_separate():
+    steps = _steps({"single": _noisy(0.20, seed=6), "ddp": _noisy(0.10, seed=7), "dp_naive": _noisy(0.05, seed=8),
+                    "zero3": _noisy(0.101, seed=9)})
+    ranks = pd.DataFrame([{"experiment": "data_parallel", "strategy": s, "param_bytes": p, "grad_bytes": p,
+                           "optimizer_bytes": 2 * p} for s, p in (("single", 4), ("ddp", 4), ("dp_naive", 4), ("zero3", 1))])
+    parity = pd.DataFrame([{"experiment": "data_parallel", "strategy": "dp_naive", "within_tolerance": False},
+                           {"experiment": "data_parallel", "strategy": "ddp", "within_tolerance": True}])
+    choice = strategy_choice({"steps": steps, "ranks": ranks, "parity": parity}).set_index("goal")
+    assert choice.loc["throughput", "choice"] in ("ddp", "zero3")  # dp_naive is fastest, but wrong
+    assert not choice.loc["throughput", "decided"]  # ddp and zero3 differ by 1 %: noise
+    assert choice.loc["memory per rank", "choice"] == "zero3" and choice.loc["memory per rank", "decided"]
