@@ -31,10 +31,17 @@ def _offline_html(spec: dict, **_metadata) -> dict:
     return {"text/html": html}
 
 
+def _theme() -> alt.theme.ThemeConfig:
+    """20 distinguishable colours (Vega's default has 10, and the study has 23 strategies)."""
+    return alt.theme.ThemeConfig({"config": {"range": {"category": {"scheme": "tableau20"}}}})
+
+
 def setup() -> None:
-    """Render charts offline (Vega inlined once) and drop Altair's 5,000-row limit."""
+    """Render charts offline (Vega inlined once), with a palette for 20 categories, and drop
+    Altair's 5,000-row limit."""
     alt.renderers.register("shardlab_offline", _offline_html)
     alt.renderers.enable("shardlab_offline")
+    alt.theme.register("shardlab", enable=True)(_theme)
     alt.data_transformers.disable_max_rows()
 
 

@@ -3,7 +3,8 @@ network link, the plans at the study's scale, and the benchmark's alpha-beta fit
 
 - comm_volume: one row per (run, call of its plan); a run without a known plan gets one row, plan = unknown.
 - comm_share: per successful run, communication time (measured or predicted, labelled), its share
-  of the median step time (`comm_share`) and the alpha-beta prediction's share (`predicted_share`).
+  of the median step time (`comm_share`), the alpha-beta prediction's share (`predicted_share`) and,
+  where both exist, the prediction's relative error against the measurement (`model_error`).
 - comm_whatif: predicted step time per (run, link, overlap assumption).
 - comm_projection: communication seconds per step of every registered multi-process strategy at the
   study's scale, per link; strategies with the same plan there share a `plan_group`.
@@ -38,7 +39,8 @@ Plans = dict[tuple[str, str], "list[Call] | None"]
 VOLUME_COLUMNS = ["experiment", "strategy", "world_size", "plan", "collective", "purpose", "size_bytes", "count",
                   "group_size", "bus_bytes"]
 SHARE_COLUMNS = ["experiment", "strategy", "world_size", "step_time_s", "bytes_per_rank", "comm_measured_s",
-                 "comm_predicted_s", "comm_s", "comm_source", "comm_share", "compute_s", "predicted_share"]
+                 "comm_predicted_s", "comm_s", "comm_source", "comm_share", "compute_s", "predicted_share",
+                 "model_error"]
 WHATIF_COLUMNS = ["experiment", "strategy", "link", "bandwidth_GBps", "overlap", "compute_s", "comm_s",
                   "predicted_step_s", "measured_step_s", "link_order"]
 CURVE_COLUMNS = ["collective", "world_size", "size_bytes", "time_s"]
@@ -118,7 +120,8 @@ def share_table(runs: pd.DataFrame, plans: Plans, fits: pd.DataFrame) -> pd.Data
                      "comm_predicted_s": predicted, "comm_s": comm, "comm_source": source,
                      "comm_share": None if comm is None else min(comm / step, 1.0),
                      "compute_s": None if comm is None else max(step - comm, 0.0),
-                     "predicted_share": None if predicted is None else min(predicted / step, 1.0)})
+                     "predicted_share": None if predicted is None else min(predicted / step, 1.0),
+                     "model_error": predicted / measured - 1 if predicted is not None and measured else None})
     return pd.DataFrame(rows, columns=SHARE_COLUMNS)
 
 
