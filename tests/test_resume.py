@@ -84,6 +84,14 @@ def uninterrupted(run_once):
 
 
 @pytest.mark.torchrun
+def test_the_same_config_run_twice_gives_the_same_losses(run_strategy, uninterrupted):
+    """Determinism, which exact resume rests on: deterministic kernels, pinned threads, seeded data."""
+    summary, steps = run_strategy("tp_sp")
+    assert summary["status"] == "ok", summary["reason"]
+    assert _losses(steps) == uninterrupted("tp_sp")  # another launch of the same settings: the same bits
+
+
+@pytest.mark.torchrun
 @pytest.mark.parametrize("strategy", FAMILIES)
 def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uninterrupted, tmp_path):
     started = time.monotonic()

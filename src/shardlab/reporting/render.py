@@ -84,13 +84,13 @@ def render_fallback(qmd: Path, title: str) -> Path:
 
 def render(qmd: Path, out_dir: Path, title: str, tables: set[str]) -> tuple[Path, str]:
     staged = stage(qmd, out_dir, tables)
-    if shutil.which("quarto"):
+    renderer = "quarto" if shutil.which("quarto") else FALLBACK
+    (out_dir / "renderer.txt").write_text(renderer + "\n")  # before rendering: the report states it
+    if renderer == "quarto":
         subprocess.run(["quarto", "render", staged.name, "--to", "html"], cwd=out_dir, check=True)
-        renderer = "quarto"
         html = staged.with_suffix(".html")
     else:
-        html, renderer = render_fallback(staged, title), FALLBACK
-    (out_dir / "renderer.txt").write_text(renderer + "\n")
+        html = render_fallback(staged, title)
     return html, renderer
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import platform
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 from shardlab.config import REPO_ROOT
 
@@ -27,13 +31,17 @@ def environment(topo) -> dict:
     if topo.device.type == "cuda":
         device_name = torch.cuda.get_device_name(topo.device)
     else:
-        device_name = platform.processor() or platform.machine()
+        device_name = cpu_model()
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "deepspeed": _version("deepspeed"),
         "python": platform.python_version(),
         "device_type": topo.device.type,
         "device_name": device_name,
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "world_size": topo.world_size,
         "backend": topo.backend,
         "threads_per_rank": torch.get_num_threads(),
@@ -41,6 +49,25 @@ def environment(topo) -> dict:
         "git_commit": _git("rev-parse", "--short", "HEAD"),
         "git_dirty": git_dirty(),
     }
+
+
+def _version(package: str) -> str | None:
+    """An installed package's version without importing it (DeepSpeed's import costs seconds)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (Linux /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _git(*args: str) -> str | None:

@@ -74,8 +74,8 @@ def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], li
     return run, [dict(key, **s) for s in steps], rank_rows, activation_rows
 
 
-ENVIRONMENT = ("device_type", "device_name", "backend", "world_size", "threads_per_rank", "torch", "transformers",
-               "python", "git_commit", "git_dirty")
+ENVIRONMENT = ("device_type", "device_name", "cpu_model", "cpu_cores", "memory_gib", "backend", "world_size",
+               "threads_per_rank", "torch", "transformers", "deepspeed", "python", "git_commit", "git_dirty")
 
 
 def _ok(runs: pd.DataFrame) -> pd.DataFrame:
