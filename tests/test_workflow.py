@@ -79,7 +79,7 @@ def test_run_jobs_request_what_they_use_and_gpus_for_cuda(monkeypatch):
 def test_dag_end_to_end_on_reduced_config(tmp_path):
     results, resources = tmp_path / "results", tmp_path / "resources"
     proc = snakemake("--cores", "2", "--nolock", "--configfile", "config/test.yaml",
-                     "--config", f"results_dir={results}", f"resources_dir={resources}", "allow_outside_project=true")
+                     "--config", f"results_dir={results}", f"resources_dir={resources}", "allow_outside_project=True")  # Snakemake parses True, not true
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
 
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
