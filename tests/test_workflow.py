@@ -96,6 +96,7 @@ def test_dag_end_to_end_on_reduced_config(tmp_path):
     assert html.count("window.vegaEmbed=") == 1  # ...with the Vega bundle inlined once (offline)
     assert "Traceback" not in html
     assert ">nan<" not in html  # missing values show as a dash
+    assert 'id="TOC"' in html and 'href="#Which-strategy-when"' in html  # a table of contents, either renderer
     assert not re.findall(r'<script[^>]+src="https?:', html)  # nothing fetched from a CDN: it opens offline
     verdicts = pd.read_csv(results / "tables" / "verdicts.csv")
     assert set(verdicts["verdict"]) <= {"supported", "contradicted", "not decidable"} and len(verdicts) >= 7

@@ -78,8 +78,20 @@ def render_fallback(qmd: Path, title: str) -> Path:
     notebook.metadata["title"] = title
     body, _ = exporter.from_notebook_node(notebook)
     html = qmd.with_suffix(".html")
-    html.write_text(body)
+    html.write_text(table_of_contents(body))
     return html
+
+
+def table_of_contents(html: str) -> str:
+    """Insert a table of contents of the section headings after the title, as Quarto's `toc: true`
+    does (same element id, `TOC`), with links to nbconvert's heading anchors."""
+    heads = re.findall(r'<h([23]) id="([^"]+)"[^>]*>(.*?)<a class="anchor-link"', html, re.DOTALL)
+    if not heads or "</h1>" not in html:
+        return html
+    items = "".join(f'<li style="margin-left:{(int(level) - 2) * 1.5}em"><a href="#{anchor}">{text.strip()}</a></li>'
+                    for level, anchor, text in heads)
+    nav = f'<nav id="TOC"><strong>Contents</strong><ul style="list-style:none;padding-left:0">{items}</ul></nav>'
+    return html.replace("</h1>", "</h1>" + nav, 1)
 
 
 def render(qmd: Path, out_dir: Path, title: str, tables: set[str]) -> tuple[Path, str]:
