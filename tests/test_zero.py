@@ -236,3 +236,36 @@ def test_tree_check_flags_disagreement():
     assert (tables["zero_plan"]["choice"] == "zero3").any()
     verdict = tables["zero_verdicts"].set_index("experiment").loc["gpu"]
     assert (verdict["tree_checked_runs"], verdict["tree_agreeing_runs"]) == (3, 2)
+
+
+@pytest.mark.parametrize("zero3_held,consistent", [(1.0, True), (2.0, False)])
+def test_a_device_memory_budget_makes_the_tree_check_one_that_can_fail(zero3_held, consistent):
+    """On a CPU nothing runs out of memory: with a budget, each rung's measured device-resident model
+    states are the truth. A model that put zero3 under the budget while the run held more fails."""
+    from shardlab.costs.memory import predict
+    from shardlab.costs.shapes import ModelShape
+    from shardlab.tables import TableInputs
+    from shardlab.tables.zero import build
+
+    shape = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+             "intermediate_size": 256}
+    n, training = ModelShape.from_dict(shape).parameters(), {"dtype": "fp32", "optimizer": "adamw"}
+    states = {s: predict(s, n, 2, **training) for s in ("zero0", "zero3", "zero3_offload")}
+    budget = states["zero3"].total_bytes / 0.75 * 1.1  # usable share: zero3 fits with 10 % to spare, zero0 not
+    exp = {"name": "cpu", "strategies": list(states), "model": {"name": "m", "source": "hub"}, "training": training,
+           "launch": {"device_memory_budget_bytes": budget}}
+
+    def held(s, scale):
+        return {"rank": 0, "param_bytes": states[s].param_bytes * scale, "grad_bytes": states[s].grad_bytes * scale,
+                "optimizer_bytes": states[s].optimizer_bytes * scale, "device_memory_bytes": 25e9}
+
+    summaries = [{"experiment": "cpu", "strategy": s, "status": "ok", "world_size": 2, "tokens_per_s": 1.0,
+                  "model": {"parameters": n}, "ranks": [held(s, zero3_held if s == "zero3" else 1.0)]} for s in states]
+    tables = build(TableInputs(summaries, {"cpu": exp}, {"m": {"name": "m", "shape": shape}}))
+    check = tables["zero_tree_check"].set_index("strategy")
+    assert check["budgeted"].all() and (check["evidence"] == "measured device bytes").all()
+    assert not check.loc["zero0", "predicted_fits"] and check.loc["zero0", "consistent"]
+    assert check.loc["zero3_offload", "fits"]  # most of its states live in host memory
+    assert check.loc["zero3", "predicted_fits"] and bool(check.loc["zero3", "consistent"]) == consistent
+    memory = tables["zero_memory"].set_index("strategy")
+    assert memory.loc["zero3_offload", "measured_host_bytes"] > memory.loc["zero3_offload", "measured_device_bytes"]

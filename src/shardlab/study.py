@@ -100,6 +100,8 @@ def shared_references(experiments: dict[str, dict]) -> dict[str, str]:
         if SINGLE.name not in exp.get("strategies", []):
             continue
         settings = {k: exp.get(k) for k in ("model", "data", "training", "launch", "evaluation")}
+        # A budget only changes how the tables judge the runs, not the run itself.
+        settings["launch"] = {k: v for k, v in exp["launch"].items() if k != "device_memory_budget_bytes"}
         settings["options"] = exp.get("strategy_options", {}).get(SINGLE.name)
         key = json.dumps(settings, sort_keys=True)
         if key in first:

@@ -110,7 +110,12 @@ def predict(rung: str | ZeroRung, n_params: float, ranks: int, dtype: str = "bf1
         # gradient of the master partition for the CPU optimizer, both in host memory.
         grads += 4 * psi / n
         grad_peak += 4 * psi / n
-    offloaded = (opt if off_opt else 0) + (params if off_param else 0)
-    if off_opt:
-        offloaded += grads  # the gradient partition(s) the CPU optimizer steps on live in host memory too
-    return ModelStates(params, grads, opt, grad_peak, offloaded)
+    return ModelStates(params, grads, opt, grad_peak, host_bytes(rung, params, grads, opt))
+
+
+def host_bytes(rung: ZeroRung, param_bytes: float, grad_bytes: float, optimizer_bytes: float) -> float:
+    """The part of a rank's model states that an offloading rung keeps in host memory: the optimizer
+    state and the gradient partition(s) the CPU optimizer steps on (optimizer offload), the parameter
+    partition (parameter offload). One rule for predicted and measured bytes alike."""
+    host = (optimizer_bytes + grad_bytes) if rung.offload_optimizer else 0.0
+    return host + (param_bytes if rung.offload_param else 0.0)

@@ -1,9 +1,12 @@
 """The ZeRO ladder's tables, from the runs of the strategies whose registry topic is `zero`.
 
 - zero_memory: per run and rank, measured vs predicted parameter/gradient/optimizer bytes (the
-  memory model's error in %), with the run's throughput and outcome.
-- zero_tree_check: per run, does the decision tree's verdict (fits / does not fit the device)
-  agree with what happened (ok / oom)?
+  memory model's error in %), where they live (device or host: `costs.memory.host_bytes`), with
+  the run's throughput and outcome.
+- zero_tree_check: per run, does the memory model put the rung on the same side of the device
+  memory as the run? With a budget (`launch.device_memory_budget_bytes`, a smaller device than the
+  machine's) the run's measured device-resident model states decide; without one, its outcome (ok /
+  oom) on the real device.
 - zero_plan: the decision tree's choice over a grid of model sizes and device counts (80 GB
   devices, bf16 + AdamW), the study's decision-tree figure as data.
 - zero_rungs: per rung, the largest measured and predicted bytes over ranks and the largest
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.costs.memory import predict
+from shardlab.costs.memory import host_bytes, predict
 from shardlab.costs.zero_tree import DEFAULT_HEADROOM, choose, feasibility
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
@@ -49,9 +52,12 @@ def memory_rows(summaries: list[dict], training: dict) -> list[dict]:
                 row[f"predicted_{key}"] = predicted
                 row[f"error_{key}_pct"] = 100 * (rank[key] - predicted) / predicted if predicted else 0.0
             measured = sum(rank[k] for k in STATES)
+            host = host_bytes(REGISTRY[strategy].zero, *(rank[k] for k in STATES))
             row.update(measured_model_state_bytes=measured, predicted_model_state_bytes=want.total_bytes,
                        error_model_state_pct=100 * (measured - want.total_bytes) / want.total_bytes,
-                       activation_bytes=rank.get("activation_bytes"))
+                       measured_device_bytes=measured - host, measured_host_bytes=host,
+                       predicted_device_bytes=want.total_bytes - want.offloaded_bytes,
+                       predicted_host_bytes=want.offloaded_bytes, activation_bytes=rank.get("activation_bytes"))
             rows.append(row)
     return rows
 
@@ -63,19 +69,37 @@ def device_memory(summaries: list[dict]) -> float | None:
 
 
 def tree_check_rows(summaries: list[dict], training: dict, n_params: int | None, device_mem: float | None,
-                    headroom: float = DEFAULT_HEADROOM) -> list[dict]:
-    """`n_params` from the model record, so failed runs (which carry no model) are checked too."""
+                    budget: float | None = None, headroom: float = DEFAULT_HEADROOM) -> list[dict]:
+    """Does the memory model place each run on the right side of the device memory? `n_params` from
+    the model record, so failed runs (which carry no model) are checked too.
+
+    Without a `budget` the device is the machine's and the run's outcome is the truth: a rung the tree
+    calls feasible must have run, one it rules out must have run out of memory. With a budget (a
+    device smaller than the machine's, so that the check can fail on a CPU that never runs out) the
+    truth is measured: the rank's device-resident model states against the same usable share."""
+    memory = budget or device_mem
     rows = []
     for s in filter(_on_ladder, summaries):
-        if s["status"] not in ("ok", "oom") or device_mem is None or not n_params or not s.get("world_size"):
+        if s["status"] not in ("ok", "oom") or memory is None or not n_params or not s.get("world_size"):
             continue  # a run that failed for another reason says nothing about memory
         strategy = s["strategy"]
         states = predict(strategy, n_params, s["world_size"], training["dtype"], training["optimizer"])
-        fits = states.device_peak_bytes <= device_mem * (1 - headroom)
-        rows.append({"experiment": s["experiment"], "strategy": strategy, "world_size": s["world_size"],
-                     "parameters": n_params, "device_memory_bytes": device_mem, "headroom": headroom,
-                     "predicted_device_peak_bytes": states.device_peak_bytes, "tree_says_fits": fits,
-                     "outcome": s["status"], "consistent": fits == (s["status"] == "ok")})
+        usable = memory * (1 - headroom)
+        row = {"experiment": s["experiment"], "strategy": strategy, "world_size": s["world_size"],
+               "parameters": n_params, "device_memory_bytes": memory, "budgeted": budget is not None,
+               "headroom": headroom, "predicted_device_peak_bytes": states.device_peak_bytes,
+               "tree_says_fits": states.device_peak_bytes <= usable, "outcome": s["status"]}
+        if budget is None:  # the tree's verdict (model states at their peak) against the outcome
+            row.update(evidence="outcome", predicted_fits=row["tree_says_fits"], fits=s["status"] == "ok")
+        elif s["status"] == "ok":  # steady device-resident model states, predicted against measured
+            held = max(sum(r[k] for k in STATES) - host_bytes(REGISTRY[strategy].zero, *(r[k] for k in STATES))
+                       for r in s["ranks"])
+            predicted = states.total_bytes - states.offloaded_bytes
+            row.update(evidence="measured device bytes", predicted_device_bytes=predicted, measured_device_bytes=held,
+                       predicted_fits=predicted <= usable, fits=held <= usable)
+        else:
+            continue  # out of memory on the real device: says nothing about a smaller budget
+        rows.append(dict(row, consistent=row["predicted_fits"] == row["fits"]))
     return rows
 
 
@@ -116,7 +140,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         summaries = [s for s in inputs.summaries if s["experiment"] == name]
         shape = inputs.model_shape(exp)
         memory += memory_rows(summaries, exp["training"])
-        check += tree_check_rows(summaries, exp["training"], shape and shape.parameters(), device_memory(summaries))
+        check += tree_check_rows(summaries, exp["training"], shape and shape.parameters(), device_memory(summaries),
+                                 exp.get("launch", {}).get("device_memory_budget_bytes"))
     memory, check = pd.DataFrame(memory), pd.DataFrame(check)
     rungs = rung_rows(memory)
     return {"zero_memory": memory, "zero_tree_check": check, "zero_plan": pd.DataFrame(plan_rows()),
