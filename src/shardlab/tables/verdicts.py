@@ -77,6 +77,8 @@ def growth_row(speed: list[dict], runs: pd.DataFrame) -> dict:
     """Claim 1c: the overlap benefit grows with model size, read across experiments of different sizes."""
     statement = "The overlap benefit of interleaved data parallelism grows with model size"
     measured = [r for r in speed if r["claim"] == "1a" and r["value"] is not None]
+    if "model.parameters" not in runs:
+        runs = runs.assign(**{"model.parameters": None})  # no run finished: no model size is known
     size = runs.drop_duplicates("experiment").set_index("experiment")["model.parameters"]
     sized = sorted((size.get(r["experiment"]), r) for r in measured if pd.notna(size.get(r["experiment"])))
     if len({s for s, _ in sized}) < 2:
