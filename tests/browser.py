@@ -1,0 +1,109 @@
+"""Open a rendered report in headless Chromium over the DevTools protocol and report what a reader's
+browser sees: charts drawn, console errors, network requests, and text that should not be there.
+
+Chromium is Debian's `chromium` package (`.ci/run` installs it when it can); the protocol client is
+tornado's websocket (already installed: Jupyter's kernel client, which renders the report, uses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+# Evaluated in the page once it has loaded: what the checks need, as one JSON-able object.
+PAGE_FACTS = """(() => {
+  const charts = [...document.querySelectorAll('div[id^="chart-"]')];
+  const cells = [...document.querySelectorAll('td, th')].map(c => c.textContent.trim());
+  const text = document.body.innerText;
+  return {
+    charts: charts.length,
+    drawn: charts.filter(c => c.querySelector('svg, canvas')).length,
+    nan_cells: cells.filter(t => t === 'nan' || t === 'NaN').length,
+    raw_tables: text.split('\\n').filter(l => /^\\s*\\|[\\s:-]+\\|/.test(l)).length,
+    tracebacks: (text.match(/Traceback \\(most recent call last\\)/g) || []).length,
+    stderr_outputs: document.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
+    toc_links: document.querySelectorAll('#TOC a').length,
+  };
+})()"""
+
+
+def inspect(html: Path, timeout_s: float = 60.0) -> dict:
+    """Facts of `html` as Chromium renders it, plus every request it made and every error it logged."""
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                 "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            port = _devtools_port(proc, timeout_s)
+            return asyncio.run(_inspect(port, html.resolve().as_uri(), timeout_s))
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def _devtools_port(proc: subprocess.Popen, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if match := re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line):
+            return int(match.group(1))
+        if not line and proc.poll() is not None:
+            break
+    raise RuntimeError("chromium did not start its DevTools endpoint")
+
+
+async def _inspect(port: int, url: str, timeout_s: float) -> dict:
+    from tornado.websocket import websocket_connect
+
+    targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list").read())
+    page = next(t for t in targets if t["type"] == "page")
+    ws = await websocket_connect(page["webSocketDebuggerUrl"], max_message_size=64 * 2**20)
+    ids, requests, errors, loaded = iter(range(1, 10**6)), [], [], asyncio.Event()
+    replies: dict[int, asyncio.Future] = {}
+
+    async def listen():
+        while (message := await ws.read_message()) is not None:
+            event = json.loads(message)
+            if "id" in event and event["id"] in replies:
+                replies.pop(event["id"]).set_result(event.get("result", {}))
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Network.requestWillBeSent":
+                requests.append(params["request"]["url"])
+            elif method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
+                errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params["args"]))
+            elif method == "Runtime.exceptionThrown":
+                errors.append(params["exceptionDetails"].get("text", "exception"))
+            elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
+                errors.append(params["entry"]["text"])
+            elif method == "Page.loadEventFired":
+                loaded.set()
+
+    async def call(method: str, **params):
+        reply = asyncio.get_running_loop().create_future()
+        replies[message_id := next(ids)] = reply
+        await ws.write_message(json.dumps({"id": message_id, "method": method, "params": params}))
+        return await asyncio.wait_for(reply, timeout_s)
+
+    listener = asyncio.create_task(listen())
+    for domain in ("Network", "Runtime", "Log", "Page"):
+        await call(f"{domain}.enable")
+    await call("Page.navigate", url=url)
+    await asyncio.wait_for(loaded.wait(), timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:  # charts draw asynchronously after the load event
+        facts = (await call("Runtime.evaluate", expression=PAGE_FACTS, returnByValue=True))["result"]["value"]
+        if facts["drawn"] == facts["charts"] or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.25)
+    ws.close()
+    listener.cancel()
+    return dict(facts, requests=requests, errors=errors)
