@@ -19,10 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from shardlab.core.timing import timed_steps
 from shardlab.runner.launch import launch
 from shardlab.study import load_study
-from shardlab.tables.verdicts import throughput_ratio
+from shardlab.core.timing import throughput_ratio, timed_steps
 
 
 def main() -> None:

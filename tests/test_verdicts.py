@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from shardlab.tables.verdicts import (CONTRADICTED, SUPPORTED, UNDECIDED, decide_ratio, strategy_choice,
-                                      throughput_ratio, verdicts)
+from shardlab.core.timing import throughput_ratio
+from shardlab.tables.verdicts import CONTRADICTED, SUPPORTED, UNDECIDED, decide_ratio, strategy_choice, verdicts
 
 
 def _steps(times: dict[str, list[float]], experiment="data_parallel") -> pd.DataFrame:

@@ -130,7 +130,7 @@ def test_the_browser_check_can_fail(tmp_path):
     page.write_text('<html><body><script src="https://cdn.invalid/lib.js"></script><div id="chart-x"></div>'
                     '<table><tr><td>nan</td></tr></table><script>console.error("boom")</script>'
                     "<p>| a | b |</p><p>|---|---|</p></body></html>")
-    facts = browser.inspect(page, timeout_s=5)
+    facts = browser.inspect(page, timeout_s=5)  # the chart never draws: waits this long
     assert facts["charts"] == 1 and facts["drawn"] == 0
     assert any(u.startswith("https://cdn.invalid") for u in facts["requests"])
     assert any("boom" in e for e in facts["errors"])

@@ -14,7 +14,7 @@ TP_TABLES = table_files(
 )
 TP_INFERENCE = table_files("tp_inference")
 TP_EXPERIMENTS = STUDY.experiments_of("tensor_parallel")
-TP_INPUTS = topic_inputs("tensor_parallel")
+TP_INPUTS = topic_inputs("tensor_parallel", metrics=True)  # step logs: intervals of the throughput ratios
 TP_BENCH_LAUNCH = EXPERIMENTS[TP_EXPERIMENTS[0]]["launch"] if TP_EXPERIMENTS else None
 # Every experiment's settings: the memory comparison looks for the ones with the TP experiment's
 # model and training settings.

@@ -6,6 +6,8 @@
   (ratio 1), so a chart of every run reads this table alone.
 - dp_pairs: every ordered pair of finished runs of one family in one experiment (the hand-written
   strategies against each other and against their twin): the throughput ratio.
+Every ratio has a 95 % bootstrap interval over the two runs' timed steps (`*_low`, `*_high`:
+`core.timing.throughput_ratio`), where the runs' step logs are given.
 - dp_comm_steps: per step, the time a rank was blocked in gradient communication, for the runs
   that record it (hand-written strategies time their collectives; DDP's run inside backward).
 
@@ -16,14 +18,17 @@ from __future__ import annotations
 
 import pandas as pd
 
+from shardlab.core.timing import throughput_ratio, timed_times
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 
 TOPIC = "data_parallel"
 THROUGHPUT_COLUMNS = ["experiment", "strategy", "family", "reference", "twin", "status", "world_size",
                       "tokens_per_s", "step_time_median_s", "reference_tokens_per_s", "ratio_to_reference",
-                      "twin_tokens_per_s", "ratio_to_twin"]
-PAIR_COLUMNS = ["experiment", "family", "strategy", "other", "tokens_per_s", "other_tokens_per_s", "ratio"]
+                      "ratio_to_reference_low", "ratio_to_reference_high", "twin_tokens_per_s", "ratio_to_twin",
+                      "ratio_to_twin_low", "ratio_to_twin_high"]
+PAIR_COLUMNS = ["experiment", "family", "strategy", "other", "tokens_per_s", "other_tokens_per_s", "ratio",
+                "ratio_low", "ratio_high"]
 COMM_COLUMNS = ["experiment", "strategy", "status", "step", "timed", "comm_time_s", "step_time_s", "comm_fraction"]
 
 
@@ -40,8 +45,28 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def throughput_rows(summaries: list[dict], topic: str) -> pd.DataFrame:
-    """One row per run of `topic` and per reference run they are compared with, in input order."""
+def step_times(summaries: list[dict], experiments: dict[str, dict]) -> dict[tuple[str, str], list[float]]:
+    """Timed step times of every finished run with a step log, by (experiment, strategy)."""
+    times = {}
+    for s in summaries:
+        exp = experiments.get(s["experiment"])
+        if exp and (t := timed_times(s, exp["training"]["warmup_steps"])):
+            times[s["experiment"], s["strategy"]] = t
+    return times
+
+
+def interval(times: dict, experiment: str, a: str | None, b: str | None) -> tuple[float | None, float | None]:
+    """The 95 % interval of run a's tokens/s over run b's, (None, None) without both step logs."""
+    if a is None or b is None or (experiment, a) not in times or (experiment, b) not in times:
+        return None, None
+    _, low, high = throughput_ratio(times[experiment, a], times[experiment, b])
+    return low, high
+
+
+def throughput_rows(summaries: list[dict], topic: str, times: dict | None = None) -> pd.DataFrame:
+    """One row per run of `topic` and per reference run they are compared with, in input order; with
+    `times` (`step_times`), each ratio's interval."""
+    times = times or {}
     by_run = {(s["experiment"], s["strategy"]): s for s in summaries}
     wanted = set()
     for s in of_topic(summaries, topic):
@@ -54,16 +79,19 @@ def throughput_rows(summaries: list[dict], topic: str) -> pd.DataFrame:
         rate = _rate(s)
         reference = _rate(by_run.get((s["experiment"], spec.reference)))
         twin = _rate(by_run.get((s["experiment"], spec.twin))) if spec.twin else None
+        ref_low, ref_high = interval(times, s["experiment"], s["strategy"], spec.reference)
+        twin_low, twin_high = interval(times, s["experiment"], s["strategy"], spec.twin)
         rows.append({"experiment": s["experiment"], "strategy": s["strategy"], "family": spec.family,
                      "reference": spec.reference, "twin": spec.twin, "status": s["status"],
                      "world_size": s.get("world_size"), "tokens_per_s": rate,
                      "step_time_median_s": s.get("step_time_median_s"), "reference_tokens_per_s": reference,
-                     "ratio_to_reference": _ratio(rate, reference), "twin_tokens_per_s": twin,
-                     "ratio_to_twin": _ratio(rate, twin)})
+                     "ratio_to_reference": _ratio(rate, reference), "ratio_to_reference_low": ref_low,
+                     "ratio_to_reference_high": ref_high, "twin_tokens_per_s": twin, "ratio_to_twin": _ratio(rate, twin),
+                     "ratio_to_twin_low": twin_low, "ratio_to_twin_high": twin_high})
     return pd.DataFrame(rows, columns=THROUGHPUT_COLUMNS)
 
 
-def pair_rows(throughput: pd.DataFrame, topic: str) -> pd.DataFrame:
+def pair_rows(throughput: pd.DataFrame, topic: str, times: dict | None = None) -> pd.DataFrame:
     """Every ordered pair (strategy, other) of finished runs of the topic's strategies that share a
     family and an experiment: tokens/s of strategy over tokens/s of other."""
     mine = throughput[throughput["strategy"].map(lambda s: REGISTRY[s].topic == topic)
@@ -73,9 +101,11 @@ def pair_rows(throughput: pd.DataFrame, topic: str) -> pd.DataFrame:
         for a in group.itertuples():
             for b in group.itertuples():
                 if a.strategy != b.strategy:
+                    low, high = interval(times or {}, experiment, a.strategy, b.strategy)
                     rows.append({"experiment": experiment, "family": family, "strategy": a.strategy,
                                  "other": b.strategy, "tokens_per_s": a.tokens_per_s,
-                                 "other_tokens_per_s": b.tokens_per_s, "ratio": a.tokens_per_s / b.tokens_per_s})
+                                 "other_tokens_per_s": b.tokens_per_s, "ratio": a.tokens_per_s / b.tokens_per_s,
+                                 "ratio_low": low, "ratio_high": high})
     return pd.DataFrame(rows, columns=PAIR_COLUMNS)
 
 
@@ -97,6 +127,7 @@ def comm_step_rows(summaries: list[dict], experiments: dict[str, dict], topic: s
 
 
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
-    throughput = throughput_rows(inputs.summaries, TOPIC)
-    return {"dp_throughput": throughput, "dp_pairs": pair_rows(throughput, TOPIC),
+    times = step_times(inputs.summaries, inputs.experiments)
+    throughput = throughput_rows(inputs.summaries, TOPIC, times)
+    return {"dp_throughput": throughput, "dp_pairs": pair_rows(throughput, TOPIC, times),
             "dp_comm_steps": comm_step_rows(inputs.summaries, inputs.experiments, TOPIC)}

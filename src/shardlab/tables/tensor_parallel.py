@@ -24,7 +24,7 @@ import pandas as pd
 from shardlab.costs.activations import comparison_rows
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
-from shardlab.tables.data_parallel import of_topic, throughput_rows
+from shardlab.tables.data_parallel import of_topic, step_times, throughput_rows
 
 TOPIC = "tensor_parallel"
 TWIN_GOAL = 0.95  # the study's goal: a hand-written strategy reaches 95 % of its production twin's throughput
@@ -32,8 +32,8 @@ COLUMNS = ["experiment", "strategy", "rank", "mode", "tp", "component", "measure
            "model_formula_bytes", "paper_assumptions_hold", "s", "b", "h", "a", "n_layers", "activation_split",
            "measured_over_model", "measured_over_paper"]
 BYTES = ["measured_bytes", "paper_formula_bytes", "model_formula_bytes"]
-TWIN_COLUMNS = ["experiment", "strategy", "twin", "tokens_per_s", "twin_tokens_per_s", "ratio_to_twin", "goal_ratio",
-                "goal_met"]
+TWIN_COLUMNS = ["experiment", "strategy", "twin", "tokens_per_s", "twin_tokens_per_s", "ratio_to_twin",
+                "ratio_to_twin_low", "ratio_to_twin_high", "goal_ratio", "goal_met"]
 CATEGORIES = ["param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"]
 MEMORY_COLUMNS = ["tp_experiment", "experiment", "strategy", "family", "topic", "run", "ranks", *CATEGORIES]
 
@@ -78,7 +78,8 @@ def activation_totals(components: pd.DataFrame) -> pd.DataFrame:
 
 def twin_rows(throughput: pd.DataFrame) -> pd.DataFrame:
     twins = throughput[throughput["twin"].notna() & throughput["strategy"].map(lambda s: REGISTRY[s].topic == TOPIC)]
-    table = twins[["experiment", "strategy", "twin", "tokens_per_s", "twin_tokens_per_s", "ratio_to_twin"]].copy()
+    table = twins[["experiment", "strategy", "twin", "tokens_per_s", "twin_tokens_per_s", "ratio_to_twin",
+                   "ratio_to_twin_low", "ratio_to_twin_high"]].copy()
     table["goal_ratio"] = TWIN_GOAL
     table["goal_met"] = table["ratio_to_twin"].map(lambda r: None if pd.isna(r) else bool(r >= TWIN_GOAL))
     return table.reset_index(drop=True)[TWIN_COLUMNS]
@@ -125,7 +126,7 @@ def memory_rows(tp_experiment: str, inputs: TableInputs) -> list[dict]:
 
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     components = pd.DataFrame([row for s in inputs.summaries for row in activation_rows(s, inputs)], columns=COLUMNS)
-    throughput = throughput_rows(inputs.summaries, TOPIC)
+    throughput = throughput_rows(inputs.summaries, TOPIC, step_times(inputs.summaries, inputs.experiments))
     tp_experiments = list(dict.fromkeys(s["experiment"] for s in of_topic(inputs.summaries, TOPIC)))
     memory = [row for name in tp_experiments if name in inputs.experiments for row in memory_rows(name, inputs)]
     return {"tp_activation_components": components, "tp_activation_totals": activation_totals(components),

@@ -18,13 +18,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from shardlab.core.timing import throughput_ratio
 from shardlab.tables import TableInputs
 
 TOPIC = "verdicts"
 COLUMNS = ["claim", "statement", "experiment", "measure", "value", "low", "high", "verdict", "evidence"]
 CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "value", "low", "high", "decided", "evidence"]
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not decidable"
-BOOTSTRAP_SAMPLES = 2000
 STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
 
 # (claim, statement, faster strategy, slower strategy): "faster beats slower in tokens/s".
@@ -34,17 +34,6 @@ SPEED_CLAIMS = [
     ("2b", "ZeRO-3 loses throughput to its extra communication (ZeRO-0 is faster)", "zero0", "zero3"),
 ]
 LADDER = ("zero0", "zero1", "zero2", "zero3")  # the plain rungs: offload moves bytes off the device
-
-
-def throughput_ratio(fast_times, slow_times, seed: int = 0) -> tuple[float, float, float]:
-    """tokens/s of the first run over the second's (same tokens per step: the inverse ratio of median
-    step times), with a 95 % percentile bootstrap interval resampling each run's timed steps."""
-    fast, slow = np.asarray(fast_times, float), np.asarray(slow_times, float)
-    rng = np.random.default_rng(seed)
-    fast_medians = np.median(rng.choice(fast, (BOOTSTRAP_SAMPLES, fast.size)), axis=1)
-    slow_medians = np.median(rng.choice(slow, (BOOTSTRAP_SAMPLES, slow.size)), axis=1)
-    low, high = np.percentile(slow_medians / fast_medians, [2.5, 97.5])
-    return float(np.median(slow) / np.median(fast)), float(low), float(high)
 
 
 def decide_ratio(low: float, high: float) -> str:
