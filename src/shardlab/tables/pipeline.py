@@ -2,8 +2,9 @@
 section, with the bubble theory (`shardlab.costs.bubble`) beside the measurements.
 
 - pipeline: one row per run rank: schedule, p, v, m, the rank's stages, measured busy/span/idle
-  fraction/bubble ratio, the theory, whether the rank is its pipeline's bottleneck (most compute),
-  and memory (the loop probe's activation bytes, all activations saved over the step, their peak
+  fraction/bubble ratio, the theory, whether the rank is its pipeline's bottleneck (most compute)
+  and, for the bottleneck, its idle share minus the theory's (`idle_error`) and whether that is
+  within the model's stated tolerance (`idle_tolerance`, `follows_theory`: `costs.bubble.TOLERANCE`), and memory (the loop probe's activation bytes, all activations saved over the step, their peak
   live bytes across the schedule, parameters, gradients). A failed run is one row that says so.
 - pipeline_timeline: one row per op (forward, loss, backward) of one measured step per rank, with
   a `run` label, for a timeline per run.
@@ -20,6 +21,7 @@ import json
 
 import pandas as pd
 
+from shardlab.costs.bubble import TOLERANCE as BUBBLE_TOLERANCE
 from shardlab.costs.bubble import theory_bubble_ratio, theory_idle_fraction
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
@@ -27,7 +29,9 @@ from shardlab.tables import TableInputs
 TOPIC = "pipeline"
 COLUMNS = ["experiment", "strategy", "status", "reason", "schedule", "world_size", "pp_size", "virtual_stages",
            "n_microbatches", "rank", "dp_rank", "stage_ids", "stage_units", "busy_s", "span_s", "idle_fraction",
-           "bubble_ratio", "theory_idle_fraction", "theory_bubble_ratio", "bottleneck", "activation_bytes",
+           "bubble_ratio", "theory_idle_fraction", "theory_bubble_ratio", "bottleneck", "idle_error", "idle_tolerance",
+           "follows_theory",
+           "activation_bytes",
            "saved_activation_bytes", "peak_live_activation_bytes", "param_bytes", "grad_bytes", "step_time_median_s",
            "tokens_per_s", "final_loss"]
 TIMELINE_COLUMNS = ["experiment", "strategy", "n_microbatches", "rank", "op", "stage", "micro_batch", "start_s", "end_s",
@@ -82,6 +86,10 @@ def run_rows(summary: dict) -> list[dict]:
         replica = [row for row in rows if row["dp_rank"] == dp and row["busy_s"] is not None]
         for row in replica:
             row["bottleneck"] = row is max(replica, key=lambda x: x["busy_s"])
+            if row["bottleneck"] and row["idle_fraction"] is not None and row["theory_idle_fraction"] is not None:
+                row["idle_error"] = row["idle_fraction"] - row["theory_idle_fraction"]
+                row["idle_tolerance"] = BUBBLE_TOLERANCE
+                row["follows_theory"] = abs(row["idle_error"]) <= BUBBLE_TOLERANCE
     return rows
 
 
