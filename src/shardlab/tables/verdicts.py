@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from shardlab.core.timing import throughput_ratio
+from shardlab.costs.memory import ZERO_LADDER
 from shardlab.tables import TableInputs
 
 TOPIC = "verdicts"
@@ -27,13 +28,14 @@ CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "value", "low", "hig
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not decidable"
 STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
 
+# The plain rungs of the ladder (offload moves bytes off the device), in order: ZeRO-0 .. ZeRO-3.
+LADDER = tuple(name for name, rung in ZERO_LADDER.items() if not (rung.offload_optimizer or rung.offload_param))
 # (claim, statement, faster strategy, slower strategy): "faster beats slower in tokens/s".
 SPEED_CLAIMS = [
     ("1a", "Interleaved data parallelism beats naive data parallelism in throughput", "dp_interleaved", "dp_naive"),
     ("1b", "PyTorch DDP beats naive data parallelism in throughput", "ddp", "dp_naive"),
-    ("2b", "ZeRO-3 loses throughput to its extra communication (ZeRO-0 is faster)", "zero0", "zero3"),
+    ("2b", "ZeRO-3 loses throughput to its extra communication (ZeRO-0 is faster)", LADDER[0], LADDER[-1]),
 ]
-LADDER = ("zero0", "zero1", "zero2", "zero3")  # the plain rungs: offload moves bytes off the device
 
 
 def decide_ratio(low: float, high: float) -> str:
@@ -69,7 +71,8 @@ def growth_row(speed: list[dict], runs: pd.DataFrame) -> dict:
     if "model.parameters" not in runs:
         runs = runs.assign(**{"model.parameters": None})  # no run finished: no model size is known
     size = runs.drop_duplicates("experiment").set_index("experiment")["model.parameters"]
-    sized = sorted((size.get(r["experiment"]), r) for r in measured if pd.notna(size.get(r["experiment"])))
+    sized = sorted(((size.get(r["experiment"]), r) for r in measured if pd.notna(size.get(r["experiment"]))),
+                   key=lambda pair: pair[0])
     if len({s for s, _ in sized}) < 2:
         return _row("1c", statement, None, "ratio 1a vs model size", None, UNDECIDED,
                     "needs the 1a comparison on at least two model sizes (the runpod study runs Pythia-160m and 1B)")
