@@ -46,7 +46,7 @@ def test_a_clear_speed_up_is_supported_and_its_reverse_contradicted():
     table = verdicts({"steps": _steps({"dp_naive": slow, "dp_interleaved": fast, "ddp": slow}), "runs": _runs()})
     assert _verdict(table, "1a") == SUPPORTED
     row = table[table["claim"] == "1a"].iloc[0]
-    assert row["low"] < row["value"] < row["high"] and row["low"] > 1
+    assert row["ratio_low"] < row["ratio"] < row["ratio_high"] and row["ratio_low"] > 1
     assert _verdict(table, "1b") == UNDECIDED  # the same distribution: the interval straddles 1
 
     flipped = verdicts({"steps": _steps({"dp_naive": fast, "dp_interleaved": slow, "ddp": slow}), "runs": _runs()})

@@ -1,7 +1,7 @@
 """The study's claims (the seed paper's, restated in ../shared/paper.md and the README) each with this
 study's verdict, computed from the other tables so that it changes when the data do.
 
-- verdicts: one row per claim and experiment: the measure, its value with an interval where it is a
+- verdicts: one row per claim and experiment: the measure, its ratio with an interval where it is a
   timing, and a verdict: "supported", "contradicted" or "not decidable" (with the reason).
 - strategy_choice: per experiment, which finished strategy that reproduces its reference to do what:
   the fastest (and whether it beats the runner-up beyond noise) and the least memory per rank.
@@ -23,8 +23,8 @@ from shardlab.costs.memory import ZERO_LADDER
 from shardlab.tables import TableInputs
 
 TOPIC = "verdicts"
-COLUMNS = ["claim", "statement", "experiment", "measure", "value", "low", "high", "verdict", "evidence"]
-CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "value", "low", "high", "decided", "evidence"]
+COLUMNS = ["claim", "statement", "experiment", "measure", "ratio", "ratio_low", "ratio_high", "verdict", "evidence"]
+CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "ratio", "ratio_low", "ratio_high", "decided", "evidence"]
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not decidable"
 STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
 
@@ -67,7 +67,7 @@ def speed_rows(steps: pd.DataFrame) -> list[dict]:
 def growth_row(speed: list[dict], runs: pd.DataFrame) -> dict:
     """Claim 1c: the overlap benefit grows with model size, read across experiments of different sizes."""
     statement = "The overlap benefit of interleaved data parallelism grows with model size"
-    measured = [r for r in speed if r["claim"] == "1a" and r["value"] is not None]
+    measured = [r for r in speed if r["claim"] == "1a" and r["ratio"] is not None]
     if "model.parameters" not in runs:
         runs = runs.assign(**{"model.parameters": None})  # no run finished: no model size is known
     size = runs.drop_duplicates("experiment").set_index("experiment")["model.parameters"]
@@ -77,11 +77,11 @@ def growth_row(speed: list[dict], runs: pd.DataFrame) -> dict:
         return _row("1c", statement, None, "ratio 1a vs model size", None, UNDECIDED,
                     "needs the 1a comparison on at least two model sizes (the runpod study runs Pythia-160m and 1B)")
     (small, a), (large, b) = sized[0], sized[-1]
-    verdict = SUPPORTED if b["low"] > a["high"] else CONTRADICTED if b["high"] < a["low"] else UNDECIDED
-    evidence = (f"{a['value']:.2f} ({a['low']:.2f}-{a['high']:.2f}) at {small:,.0f} parameters, "
-                f"{b['value']:.2f} ({b['low']:.2f}-{b['high']:.2f}) at {large:,.0f}")
+    verdict = SUPPORTED if b["ratio_low"] > a["ratio_high"] else CONTRADICTED if b["ratio_high"] < a["ratio_low"] else UNDECIDED
+    evidence = (f"{a['ratio']:.2f} ({a['ratio_low']:.2f}-{a['ratio_high']:.2f}) at {small:,.0f} parameters, "
+                f"{b['ratio']:.2f} ({b['ratio_low']:.2f}-{b['ratio_high']:.2f}) at {large:,.0f}")
     return _row("1c", statement, f"{a['experiment']}, {b['experiment']}", "ratio 1a, largest / smallest model",
-                b["value"] / a["value"], verdict, evidence)
+                b["ratio"] / a["ratio"], verdict, evidence)
 
 
 def zero_memory_rows(zero: pd.DataFrame | None) -> list[dict]:
@@ -149,8 +149,8 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         best, second = ranked[:2]
         ratio, low, high = throughput_ratio(eligible[best], eligible[second])
         clear = low > 1
-        rows.append({"experiment": exp, "goal": "throughput", "choice": best, "versus": second, "value": ratio,
-                     "low": low, "high": high, "decided": clear,
+        rows.append({"experiment": exp, "goal": "throughput", "choice": best, "versus": second, "ratio": ratio,
+                     "ratio_low": low, "ratio_high": high, "decided": clear,
                      "evidence": f"{ratio:.2f}x {second}'s tokens/s ({low:.2f}-{high:.2f})"
                                  + ("" if clear else ": tied within step-to-step noise")})
         if ranks is not None and not ranks.empty:
@@ -163,8 +163,8 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 evidence += (f", as {', '.join(tied[1:])}" if len(tied) > 1
                              else f"; next {fullest.index[1]} {fullest.iloc[1] / 2**20:.2f} MiB")
                 rows.append({"experiment": exp, "goal": "memory per rank", "choice": fullest.index[0],
-                             "versus": fullest.index[1], "value": fullest.iloc[0] / fullest.iloc[1],
-                             "low": None, "high": None, "decided": len(tied) == 1, "evidence": evidence})
+                             "versus": fullest.index[1], "ratio": fullest.iloc[0] / fullest.iloc[1],
+                             "ratio_low": None, "ratio_high": None, "decided": len(tied) == 1, "evidence": evidence})
     return pd.DataFrame(rows, columns=CHOICE_COLUMNS)
 
 
