@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from shardlab.core.timing import throughput_ratio
+from shardlab.core.timing import run_to_run_sigma, throughput_ratio, with_run_noise
 from shardlab.tables.verdicts import CONTRADICTED, SUPPORTED, UNDECIDED, decide_ratio, strategy_choice, verdicts
 
 
@@ -101,3 +101,32 @@ def test_the_strategy_choice_skips_wrong_runs_and_says_when_it_cannot_separate()
     assert choice.loc["throughput", "choice"] in ("ddp", "zero3")  # dp_naive is fastest, but wrong
     assert not choice.loc["throughput", "decided"]  # ddp and zero3 differ by 1 %: noise
     assert choice.loc["memory per rank", "choice"] == "zero3" and choice.loc["memory per rank", "decided"]
+
+
+def _repeats(ratios: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"strategy": "a", "versus": "b", "ratio": ratios})
+
+
+def test_run_to_run_noise_is_the_pooled_spread_of_log_ratios_over_repeats():
+    assert run_to_run_sigma(_repeats([1.0, 1.0, 1.0])) == 0.0
+    assert run_to_run_sigma(_repeats([1.0])) == 0.0  # one run says nothing about repeats
+    ratios = [0.9, 1.0, 1.2]
+    assert run_to_run_sigma(_repeats(ratios)) == pytest.approx(np.std(np.log(ratios), ddof=1))
+    two_pairs = pd.concat([_repeats([1.0, 1.1]), _repeats([2.0, 2.0]).assign(strategy="c")])
+    assert run_to_run_sigma(two_pairs) == pytest.approx(np.sqrt(np.var(np.log([1.0, 1.1]), ddof=1) / 2))
+    low, high = with_run_noise(1.0, 0.99, 1.01, sigma=0.1)
+    assert (low, high) == pytest.approx((np.exp(-0.196), np.exp(0.196)))
+    assert with_run_noise(1.0, 0.5, 2.0, sigma=0.1) == (0.5, 2.0)  # the wider of the two
+
+
+def test_run_to_run_noise_turns_a_within_run_difference_into_a_tie():
+    """A 10 % speed-up with tight step times is decided on within-run noise alone, and not decided once
+    the measured run-to-run noise of ratios (here 10 %) says a rerun could move it by more."""
+    steps = _steps({"dp_naive": _noisy(0.10, spread=0.005, seed=1), "dp_interleaved": _noisy(0.091, spread=0.005, seed=2)})
+    quiet = verdicts({"steps": steps, "runs": _runs()})
+    assert _verdict(quiet, "1a") == SUPPORTED
+    noisy = verdicts({"steps": steps, "runs": _runs(), "timing_noise": _repeats([0.9, 1.0, 1.1, 1.0, 0.92])})
+    assert _verdict(noisy, "1a") == UNDECIDED
+    assert "within this run" in noisy.loc[noisy["claim"] == "1a", "evidence"].item()
+    choice = strategy_choice({"steps": steps, "timing_noise": _repeats([0.9, 1.0, 1.1])})
+    assert not choice.loc[choice["goal"] == "throughput", "decided"].item()

@@ -149,11 +149,19 @@ def check_output_dirs(config: dict, base_dir: Path | str) -> None:
                                    f"set allow_outside_project: true to write there")
 
 
+def check_report(config: dict, base_dir: Path | str) -> None:
+    noise = config["report"]["timing_noise"]
+    if noise and not (Path(base_dir) / noise).is_file():
+        raise ConfigError("report.timing_noise", f"file not found: {noise} (write one with scripts/timing-noise.py "
+                                                 f"--out {noise}, or set it to '' to judge on within-run noise alone)")
+
+
 def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     """Validate the whole config (schema defaults filled in place) and resolve its experiments."""
     schema = load_schema()
     validate_against_schema(config, schema)
     check_output_dirs(config, base_dir)
+    check_report(config, base_dir)
     experiments = {name: resolve_experiment(config, name, schema) for name in config["experiments"]}
     for exp in experiments.values():
         check_experiment(exp, base_dir)

@@ -1,13 +1,15 @@
 # The study's claims, each with its verdict computed from the other tables (the report's executive
 # summary). Logic: shardlab.tables.verdicts.
 
-VERDICT_TABLES = table_files("verdicts", "strategy_choice")
+VERDICT_TABLES = table_files("verdicts", "strategy_choice", "run_to_run_noise")
 # The tables the claims are judged on; a topic the study does not run leaves its claims undecided.
 VERDICT_EVIDENCE = table_files("runs", "steps", "ranks", "parity")
 if STUDY.experiments_of("zero"):
     VERDICT_EVIDENCE += table_files("zero_memory")
 if STUDY.experiments_of("tensor_parallel"):
     VERDICT_EVIDENCE += table_files("tp_memory_categories")
+if config["report"]["timing_noise"]:  # the run-to-run noise measured on this machine (not a DAG output)
+    VERDICT_EVIDENCE.append(repo_path(config["report"]["timing_noise"]))
 
 
 rule verdicts_tables:

@@ -31,3 +31,19 @@ def throughput_ratio(fast_times, slow_times, seed: int = 0) -> tuple[float, floa
     slow_medians = np.median(rng.choice(slow, (BOOTSTRAP_SAMPLES, slow.size)), axis=1)
     low, high = np.percentile(slow_medians / fast_medians, [2.5, 97.5])
     return float(np.median(slow) / np.median(fast)), float(low), float(high)
+
+
+def run_to_run_sigma(repeats) -> float:
+    """The run-to-run noise of a throughput ratio: the standard deviation of log(ratio) over repeated
+    runs of the same pair (a table with columns strategy, versus, ratio, one row per repeat; written by
+    scripts/timing-noise.py), pooled over pairs. 0 without at least one pair run twice."""
+    variances = [np.var(np.log(g["ratio"].to_numpy(float)), ddof=1)
+                 for _, g in repeats.groupby(["strategy", "versus"]) if len(g) > 1]
+    return float(np.sqrt(np.mean(variances))) if variances else 0.0
+
+
+def with_run_noise(ratio: float, low: float, high: float, sigma: float) -> tuple[float, float]:
+    """The interval a single run's ratio needs to speak for another run on the same machine: the wider
+    of the within-run bootstrap interval and ratio * exp(±1.96 sigma) from the run-to-run noise."""
+    spread = np.exp(1.96 * sigma)
+    return min(low, ratio / spread), max(high, ratio * spread)

@@ -3,14 +3,18 @@ study's verdict, computed from the other tables so that it changes when the data
 
 - verdicts: one row per claim and experiment: the measure, its ratio with an interval where it is a
   timing, and a verdict: "supported", "contradicted" or "not decidable" (with the reason).
+- run_to_run_noise: the measured run-to-run noise the intervals include: per strategy pair, the
+  ratio's range over repeated whole runs and the standard deviation of its log, with where and when.
 - strategy_choice: per experiment, which finished strategy that reproduces its reference to do what:
   the fastest (and whether it beats the runner-up beyond noise) and the least memory per rank.
 
-Throughput ratios carry a 95 % bootstrap interval over the timed steps of both runs (`core.timing`,
-the `timed` column of `steps`): it covers step-to-step noise within the two runs, not the drift
-between runs on another day, which is larger on a shared 2-core machine. A ratio decides a claim
-only when its whole interval lies on one side of 1. Memory comparisons use measured bytes, which
-are deterministic: they decide by comparison alone.
+Throughput ratios carry a 95 % interval: the wider of the bootstrap interval over the timed steps of
+both runs (`core.timing`, the `timed` column of `steps`: step-to-step noise within the two runs) and
+the run-to-run noise measured by repeating whole runs on this machine (`timing_noise`, written by
+scripts/timing-noise.py; the bootstrap alone is too narrow: a pair's ratio moved by more than its
+within-run interval from one launch to the next). A ratio decides a claim only when its whole interval
+lies on one side of 1. Memory comparisons use measured bytes, which are deterministic: they decide by
+comparison alone.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from shardlab.core.timing import throughput_ratio
+from shardlab.core.timing import run_to_run_sigma, throughput_ratio, with_run_noise
 from shardlab.costs.memory import ZERO_LADDER
 from shardlab.tables import TableInputs
 
 TOPIC = "verdicts"
 COLUMNS = ["claim", "statement", "experiment", "measure", "ratio", "ratio_low", "ratio_high", "verdict", "evidence"]
+NOISE_COLUMNS = ["experiment", "strategy", "versus", "repeats", "ratio_min", "ratio_max", "sigma", "pooled_sigma",
+                 "pooled_factor", "cpu_model", "cpu_cores", "date"]
 CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "ratio", "ratio_low", "ratio_high", "decided", "evidence"]
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not decidable"
 STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
@@ -47,14 +53,24 @@ def _row(claim, statement, experiment, measure, value, verdict, evidence, low=No
     return dict(zip(COLUMNS, (claim, statement, experiment, measure, value, low, high, verdict, evidence)))
 
 
-def speed_rows(steps: pd.DataFrame) -> list[dict]:
+def noisy_ratio(fast_times, slow_times, sigma: float) -> tuple[float, float, float, str]:
+    """A tokens/s ratio, its interval with the run-to-run noise, and how the interval was made."""
+    ratio, low, high = throughput_ratio(fast_times, slow_times)
+    wide_low, wide_high = with_run_noise(ratio, low, high, sigma)
+    how = f"95 % interval {wide_low:.2f}-{wide_high:.2f}"
+    if (wide_low, wide_high) != (low, high):
+        how += f"; {low:.2f}-{high:.2f} within this run"
+    return ratio, wide_low, wide_high, how
+
+
+def speed_rows(steps: pd.DataFrame, sigma: float = 0.0) -> list[dict]:
     rows = []
     times = _times(steps)
     for claim, statement, fast, slow in SPEED_CLAIMS:
         experiments = sorted({e for e, s in times if s == fast} & {e for e, s in times if s == slow})
         for exp in experiments:
-            ratio, low, high = throughput_ratio(times[exp, fast], times[exp, slow])
-            evidence = (f"{fast} / {slow} tokens/s = {ratio:.2f} (95 % interval {low:.2f}-{high:.2f}, "
+            ratio, low, high, how = noisy_ratio(times[exp, fast], times[exp, slow], sigma)
+            evidence = (f"{fast} / {slow} tokens/s = {ratio:.2f} ({how}; "
                         f"{len(times[exp, fast])} and {len(times[exp, slow])} timed steps)")
             rows.append(_row(claim, statement, exp, f"tokens/s {fast} / {slow}", ratio, decide_ratio(low, high),
                              evidence, low, high))
@@ -132,6 +148,24 @@ def _times(steps: pd.DataFrame) -> dict[tuple[str, str], np.ndarray]:
     return {key: g["step_time_s"].to_numpy() for key, g in ok.groupby(["experiment", "strategy"])}
 
 
+def timing_sigma(tables: dict[str, pd.DataFrame]) -> float:
+    """The measured run-to-run noise of a throughput ratio (0 when the study has no measurement)."""
+    noise = tables.get("timing_noise")
+    return 0.0 if noise is None else run_to_run_sigma(noise)
+
+
+def run_to_run_noise(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    noise = tables.get("timing_noise")
+    if noise is None or noise.empty:
+        return pd.DataFrame(columns=NOISE_COLUMNS)
+    keys = ["experiment", "strategy", "versus", "cpu_model", "cpu_cores", "date"]
+    rows = [{**dict(zip(keys, key)), "repeats": len(g), "ratio_min": g["ratio"].min(), "ratio_max": g["ratio"].max(),
+             "sigma": run_to_run_sigma(g)} for key, g in noise.groupby(keys)]
+    pooled = run_to_run_sigma(noise)
+    # pooled_factor: a single run's ratio spans ratio / factor .. ratio * factor from run-to-run noise alone
+    return pd.DataFrame(rows).assign(pooled_sigma=pooled, pooled_factor=np.exp(1.96 * pooled))[NOISE_COLUMNS]
+
+
 def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """For each experiment with two or more eligible runs (finished; parallel ones within the parity
     tolerance of their reference): the fastest, against the runner-up with its interval, and the one
@@ -147,12 +181,12 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
             continue
         ranked = sorted(eligible, key=lambda s: np.median(eligible[s]))
         best, second = ranked[:2]
-        ratio, low, high = throughput_ratio(eligible[best], eligible[second])
+        ratio, low, high, how = noisy_ratio(eligible[best], eligible[second], timing_sigma(tables))
         clear = low > 1
         rows.append({"experiment": exp, "goal": "throughput", "choice": best, "versus": second, "ratio": ratio,
                      "ratio_low": low, "ratio_high": high, "decided": clear,
-                     "evidence": f"{ratio:.2f}x {second}'s tokens/s ({low:.2f}-{high:.2f})"
-                                 + ("" if clear else ": tied within step-to-step noise")})
+                     "evidence": f"{ratio:.2f}x {second}'s tokens/s ({how})"
+                                 + ("" if clear else ": tied within the noise")})
         if ranks is not None and not ranks.empty:
             held = ranks[(ranks["experiment"] == exp) & ranks["strategy"].isin(list(eligible))]
             states = held.assign(state=held[["param_bytes", "grad_bytes", "optimizer_bytes"]].sum(axis=1))
@@ -169,11 +203,12 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def verdicts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    speed = speed_rows(tables["steps"])
+    speed = speed_rows(tables["steps"], timing_sigma(tables))
     rows = [*speed, growth_row(speed, tables["runs"]), *zero_memory_rows(tables.get("zero_memory")),
             *tp_memory_rows(tables.get("tp_memory_categories"))]
     return pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", kind="stable").reset_index(drop=True)
 
 
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
-    return {"verdicts": verdicts(inputs.tables), "strategy_choice": strategy_choice(inputs.tables)}
+    return {"verdicts": verdicts(inputs.tables), "strategy_choice": strategy_choice(inputs.tables),
+            "run_to_run_noise": run_to_run_noise(inputs.tables)}
