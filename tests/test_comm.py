@@ -200,12 +200,38 @@ def test_share_uses_measured_time_where_recorded_and_predicts_elsewhere():
     assert naive["comm_source"].startswith("measured") and naive["comm_share"] == pytest.approx(0.4)
     assert naive["comm_predicted_s"] == pytest.approx(predicted)
     assert naive["predicted_share"] == pytest.approx(predicted / 0.10)
-    assert ddp["comm_source"].startswith("predicted") and ddp["comm_share"] == pytest.approx(predicted / 0.08)
-    assert ddp["predicted_share"] == pytest.approx(ddp["comm_share"])
+    # DDP's communication: the idle prediction times the in-training factor, here dp_naive's measured/predicted
+    factor = 0.04 / predicted
+    assert ddp["comm_source"] == "predicted (alpha-beta, in-training factor)"
+    assert ddp["comm_share"] == pytest.approx(predicted * factor / 0.08)
+    assert ddp["predicted_share"] == pytest.approx(predicted / 0.08)
+    assert naive["comm_whole"] and naive["model_error"] == pytest.approx(predicted / 0.04 - 1)
+    assert pd.isna(naive["training_factor"])  # no other run to calibrate on: nothing held out
     single = share.loc["e", "single"]
     assert single["comm_source"].startswith("none") and single["comm_share"] == 0
     unknown = share.loc["hub", "ddp"]
     assert unknown["comm_source"] == "unknown" and pd.isna(unknown["comm_share"]) and pd.isna(unknown["bytes_per_rank"])
+
+
+def test_the_in_training_calibration_is_held_out_and_judged_against_the_fit_error():
+    """Each run that times all its communication is predicted with the factor of the *other* such runs;
+    a strategy timing only part of it (interleaved DP: what overlap left) is neither judged nor used."""
+    runs = pd.DataFrame([
+        {"experiment": e, "strategy": s, "status": "ok", "world_size": 2, "step_time_median_s": 0.1,
+         "comm_time_median_s": c}
+        for e, s, c in [("a", "dp_naive", 0.02), ("b", "dp_naive", 0.03), ("c", "dp_naive", 0.04),
+                        ("a", "dp_interleaved", 0.001)]])
+    inputs = _inputs()
+    fits = inputs.tables["comm_fit"].assign(rel_err_max=0.3)
+    experiments = {e: dict(TEST_EXPERIMENT, name=e) for e in "abc"}
+    share = build(TableInputs(experiments=experiments, tables={"runs": runs, "comm_fit": fits}))["comm_share"]
+    share = share.set_index(["experiment", "strategy"])
+    predicted = share.loc[("a", "dp_naive"), "comm_predicted_s"]
+    assert share.loc[("a", "dp_naive"), "training_factor"] == pytest.approx(np.median([0.03, 0.04]) / predicted)
+    assert share.loc[("c", "dp_naive"), "calibrated_error"] == pytest.approx(0.025 / 0.04 - 1)
+    assert list(share["within_tolerance"].iloc[:3]) == [False, True, False]  # +75 %, 0 %, -38 % vs 30 %
+    interleaved = share.loc["a", "dp_interleaved"]
+    assert not interleaved["comm_whole"] and pd.isna(interleaved["model_error"]) and pd.isna(interleaved["calibrated_error"])
 
 
 def test_volume_lists_each_runs_calls_and_marks_unknown_plans():

@@ -54,6 +54,9 @@ class StrategySpec:
     # "none" (whole on every rank), "tp" (Megatron TP), "tp_sp" (TP + sequence parallel, shard saved),
     # "tp_sp_gathered" (TP + SP keeping the all-gathered column inputs, as DTensor does).
     activation_split: str = "none"
+    # False when the communication a run times is only part of its plan (what overlap left exposed, or
+    # one group's collectives), so it cannot be held against a model of all of it (tables.communication).
+    comm_timed_in_full: bool = True
 
     def options(self, exp: dict) -> dict:
         return exp.get("strategy_options", {}).get(self.name, {})

@@ -4,7 +4,10 @@ network link, the plans at the study's scale, and the benchmark's alpha-beta fit
 - comm_volume: one row per (run, call of its plan); a run without a known plan gets one row, plan = unknown.
 - comm_share: per successful run, communication time (measured or predicted, labelled), its share
   of the median step time (`comm_share`), the alpha-beta prediction's share (`predicted_share`) and,
-  where both exist, the prediction's relative error against the measurement (`model_error`).
+  where the run times its whole communication (`comm_whole`; the registry's `comm_timed_in_full`),
+  the idle benchmark's error against the measurement (`model_error`) and the in-training calibration
+  held out: the prediction times the median measured/predicted ratio of the *other* such runs (`training_factor`), its error (`calibrated_error`) against the benchmark fit's own
+  largest error for the run's collectives (`tolerance`, `within_tolerance`).
 - comm_whatif: predicted step time per (run, link, overlap assumption).
 - comm_projection: communication seconds per step of every registered multi-process strategy at the
   study's scale, per link; strategies with the same plan there share a `plan_group`.
@@ -13,7 +16,10 @@ network link, the plans at the study's scale, and the benchmark's alpha-beta fit
 A MODEL, never a measurement, on stated assumptions:
 - compute time = measured median step time - communication time, where communication time is the
   run's own timed blocking waits when it records them (hand-written strategies), else the
-  alpha-beta prediction of its plan (the registry's `comm_plan`) with the benchmark's fitted parameters;
+  alpha-beta prediction of its plan (the registry's `comm_plan`) with the benchmark's fitted parameters,
+  times the in-training factor (median measured/predicted over the runs that time their whole
+  communication: in training, ranks reach a collective at different moments and share the cores with
+  compute, which an idle benchmark does not see);
 - on another link, communication is costed by `costs.network` (nominal bandwidth, assumed latency);
 - step time is bounded by two overlap assumptions: none (compute + communication) and perfect
   (max(compute, communication)); real overlap lies between;
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from shardlab.costs.alpha_beta import models_from_table
@@ -40,7 +47,7 @@ VOLUME_COLUMNS = ["experiment", "strategy", "world_size", "plan", "collective", 
                   "group_size", "bus_bytes"]
 SHARE_COLUMNS = ["experiment", "strategy", "world_size", "step_time_s", "bytes_per_rank", "comm_measured_s",
                  "comm_predicted_s", "comm_s", "comm_source", "comm_share", "compute_s", "predicted_share",
-                 "model_error"]
+                 "comm_whole", "model_error", "training_factor", "calibrated_error", "tolerance", "within_tolerance"]
 WHATIF_COLUMNS = ["experiment", "strategy", "link", "bandwidth_GBps", "overlap", "compute_s", "comm_s",
                   "predicted_step_s", "measured_step_s", "link_order"]
 CURVE_COLUMNS = ["collective", "world_size", "size_bytes", "time_s"]
@@ -92,36 +99,62 @@ def volume_table(runs: pd.DataFrame, experiments: dict[str, dict], plans: Plans)
     return pd.DataFrame(rows, columns=VOLUME_COLUMNS)
 
 
-def _communication(plan: list[Call] | None, measured: float | None, predicted: float | None) -> tuple:
+def _training_factor(rows: list[dict], leave_out: dict | None = None) -> float | None:
+    """Median measured / idle-predicted communication over the runs that time all of theirs (but one)."""
+    ratios = [r["comm_measured_s"] / r["comm_predicted_s"] for r in rows
+              if r is not leave_out and r["comm_whole"] and r["comm_predicted_s"]]
+    return float(np.median(ratios)) if ratios else None
+
+
+def _tolerance(plan: list[Call] | None, fits: pd.DataFrame) -> float | None:
+    """The benchmark fit's largest relative error over the collectives a plan uses: what the model claims."""
+    if not plan or "rel_err_max" not in fits:
+        return None
+    used = fits[fits["collective"].isin({c.collective for c in plan if c.group_size > 1}) & (fits["status"] == "ok")]
+    return None if used.empty else float(used["rel_err_max"].max())
+
+
+def _measured_row(run: dict, plan: list[Call] | None, models, fits: pd.DataFrame) -> dict:
+    predicted = plan_seconds(plan, models) if plan is not None else None
+    measured = _value(run, "comm_time_median_s")
+    whole = measured is not None and bool(plan) and get_spec(run["strategy"]).comm_timed_in_full
+    return {"experiment": run["experiment"], "strategy": run["strategy"], "world_size": int(run["world_size"]),
+            "step_time_s": float(run["step_time_median_s"]), "bytes_per_rank": bytes_per_rank(plan),
+            "comm_measured_s": measured, "comm_predicted_s": predicted, "comm_whole": whole,
+            "model_error": predicted / measured - 1 if whole and predicted is not None and measured else None,
+            "tolerance": _tolerance(plan, fits)}
+
+
+def _communication(row: dict, plan: list[Call] | None, factor: float | None) -> tuple:
     """(seconds, source) of a run's communication: measured where the run timed it, else predicted."""
     if plan == []:
         return 0.0, "none (one process)"
-    if measured is not None:
-        return float(measured), "measured (timed blocking waits)"
-    if predicted is not None:
-        return predicted, "predicted (alpha-beta)"
+    if row["comm_measured_s"] is not None:
+        return float(row["comm_measured_s"]), "measured (timed blocking waits)"
+    if row["comm_predicted_s"] is not None and factor is not None:
+        return row["comm_predicted_s"] * factor, "predicted (alpha-beta, in-training factor)"
+    if row["comm_predicted_s"] is not None:
+        return row["comm_predicted_s"], "predicted (alpha-beta)"
     return None, "unknown"
 
 
 def share_table(runs: pd.DataFrame, plans: Plans, fits: pd.DataFrame) -> pd.DataFrame:
     """Per successful run: communication time (measured or predicted, labelled) and its share of step time."""
     models = models_from_table(fits)
-    rows = []
-    for run in runs.to_dict("records"):
-        key = run["experiment"], run["strategy"]
-        if run.get("status") != "ok" or key not in plans:
-            continue
-        step, plan = float(run["step_time_median_s"]), plans[key]
-        predicted = plan_seconds(plan, models) if plan is not None else None
-        measured = _value(run, "comm_time_median_s")
-        comm, source = _communication(plan, measured, predicted)
-        rows.append({"experiment": run["experiment"], "strategy": run["strategy"], "world_size": int(run["world_size"]),
-                     "step_time_s": step, "bytes_per_rank": bytes_per_rank(plan), "comm_measured_s": measured,
-                     "comm_predicted_s": predicted, "comm_s": comm, "comm_source": source,
-                     "comm_share": None if comm is None else min(comm / step, 1.0),
-                     "compute_s": None if comm is None else max(step - comm, 0.0),
-                     "predicted_share": None if predicted is None else min(predicted / step, 1.0),
-                     "model_error": predicted / measured - 1 if predicted is not None and measured else None})
+    ok = [r for r in runs.to_dict("records") if r.get("status") == "ok" and (r["experiment"], r["strategy"]) in plans]
+    rows = [_measured_row(run, plans[run["experiment"], run["strategy"]], models, fits) for run in ok]
+    factor = _training_factor(rows)
+    for row in rows:
+        step, predicted = row["step_time_s"], row["comm_predicted_s"]
+        comm, source = _communication(row, plans[row["experiment"], row["strategy"]], factor)
+        row.update(comm_s=comm, comm_source=source, comm_share=None if comm is None else min(comm / step, 1.0),
+                   compute_s=None if comm is None else max(step - comm, 0.0),
+                   predicted_share=None if predicted is None else min(predicted / step, 1.0))
+        held_out = _training_factor(rows, leave_out=row) if row["model_error"] is not None else None
+        if held_out is not None:
+            error = predicted * held_out / row["comm_measured_s"] - 1
+            row.update(training_factor=held_out, calibrated_error=error,
+                       within_tolerance=None if row["tolerance"] is None else abs(error) <= row["tolerance"])
     return pd.DataFrame(rows, columns=SHARE_COLUMNS)
 
 
