@@ -173,3 +173,16 @@ def test_provenance_says_whether_the_tree_was_dirty(tmp_path, monkeypatch):
     assert metrics.git_dirty() is False
     (tmp_path / "f.py").write_text("a = 2\n")
     assert metrics.git_dirty() is True
+
+
+@pytest.mark.torchrun
+def test_a_run_records_where_its_launch_time_went(run_once):
+    """The launch-cost breakdown (README, "Launch cost"): every phase from the launcher's start of
+    the agent to the agent's exit is recorded, none negative, and together they fit in the wall time."""
+    summary, _ = run_once("ddp")
+    startup = summary["startup"]
+    phases = ["agent_start_s", "rendezvous_and_spawn_s", "worker_imports_s", "process_group_s", "model_load_s",
+              "strategy_setup_s", "data_and_resume_s", "training_s", "save_and_gather_s"]
+    assert all(startup[p] >= 0 for p in phases), startup
+    assert sum(startup[p] for p in phases) <= startup["launch_wall_s"]
+    assert 0 < startup["first_step_s"] <= startup["training_s"]

@@ -40,7 +40,8 @@ def resolve_world_size(exp: dict, strategy: str) -> int:
 
 
 def torchrun_command(n_procs: int, run_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n_procs}",
+    """torchrun's command line, run by `shardlab.runner.agent` (torchrun that imports the worker once)."""
+    return [sys.executable, "-m", "shardlab.runner.agent", "--standalone", f"--nproc-per-node={n_procs}",
             "-m", "shardlab.runner.worker", *run_args]
 
 
@@ -113,11 +114,14 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
                 "--tokens", str(tokens), "--out", str(attempt)]
     if exp["training"].get("checkpoint_every"):
         run_args += ["--checkpoint-dir", str(checkpoint_dir(out, strategy))]
-    env = dict(run_environment(exp), SHARDLAB_RESTART=str(restart))
+    started = time.time()
+    env = dict(run_environment(exp), SHARDLAB_RESTART=str(restart), SHARDLAB_LAUNCH_T0=repr(started))
     timeout_s = exp["launch"]["timeout_s"]
     rc, stopped = run_logged(torchrun_command(n_procs, run_args), attempt / "run.log", env, timeout_s, tag=str(attempt))
     if rc == 0 and not stopped and (attempt / "summary.json").exists():
-        return json.loads((attempt / "summary.json").read_text()), None
+        summary = json.loads((attempt / "summary.json").read_text())
+        summary.setdefault("startup", {})["launch_wall_s"] = time.time() - started  # torchrun start to exit
+        return summary, None
     summary = dict(base, **failure_outcome(attempt, rc, stopped, timeout_s), world_size=n_procs,
                    resumes=attempt_resumes(attempt))
     console(f"[launch] {exp['name']}/{strategy}: recorded as {summary['status']}: {summary['reason']}")

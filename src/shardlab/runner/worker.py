@@ -6,13 +6,16 @@ and exits non-zero; `shardlab.runner.launch` turns that into a recorded failure.
 
 from __future__ import annotations
 
+import time
+
+STARTED = time.time()  # before the imports below: the launch-cost breakdown times them
+
 import argparse
 import json
 import os
 import random
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -106,18 +109,43 @@ def resume(args, exp: dict, topo, strategy, log: StepLog) -> tuple[Checkpointer 
     return checkpoint, step + 1, resumes
 
 
+class Phases:
+    """Seconds spent in each phase of a launch, for the launch-cost breakdown (`startup` in the summary):
+    agent_start (the launcher starts torchrun: interpreter and torch import; SHARDLAB_LAUNCH_T0 to
+    SHARDLAB_AGENT_T), rendezvous_and_spawn (until this rank's interpreter runs the worker module),
+    worker_imports (torch and shardlab), then each phase of `run` marked with `done`."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.time()
+        marks = [os.environ.get("SHARDLAB_LAUNCH_T0"), os.environ.get("SHARDLAB_AGENT_T"), STARTED, self._last]
+        if None not in marks:  # launched by shardlab.runner.launch through the agent
+            marks = [float(m) for m in marks]
+            names = ["agent_start_s", "rendezvous_and_spawn_s", "worker_imports_s"]
+            self.seconds = {name: end - start for name, start, end in zip(names, marks, marks[1:])}
+
+    def done(self, name: str) -> None:
+        now_s = time.time()
+        self.seconds[f"{name}_s"] = now_s - self._last
+        self._last = now_s
+
+
 def run(args: argparse.Namespace) -> None:
+    phases = Phases()
     exp = json.loads(args.experiment_config.read_text())
     training = exp["training"]
     out = args.out
     rank = int(os.environ.get("RANK", 0))  # known before the process group exists, so init failures are recorded
     try:
         topo = init_topology(exp["launch"])
+        phases.done("process_group")
         make_reproducible(training)
         model = load_model(args.model_dir)
         n_params = count_parameters(model)
+        phases.done("model_load")
         options = exp.get("strategy_options", {}).get(args.strategy, {})
         strategy = get_spec(args.strategy).load()(model, topo, training, options)
+        phases.done("strategy_setup")
         if topo.is_main and strategy.artifacts():
             (out / "artifacts").mkdir(exist_ok=True)
             for name, content in strategy.artifacts().items():
@@ -129,17 +157,21 @@ def run(args: argparse.Namespace) -> None:
                   f"{topo.backend} on {topo.device.type}", flush=True)
         started = time.time()
         checkpoint, start_step, resumes = resume(args, exp, topo, strategy, log)
+        phases.done("data_and_resume")
         measured = train(strategy, batches, training, log, label=args.strategy, start_step=start_step,
                          checkpoint=checkpoint, resumes=resumes)
+        phases.done("training")
         if training.get("save_model"):
             save_final_model(strategy, model, args.tokens.parent, out / "model")
         measured["rank"] = topo.rank
         ranks = [None] * topo.world_size
         dist.all_gather_object(ranks, measured)
+        phases.done("save_and_gather")
         if topo.is_main:
             summary = summarize(exp, args.strategy, log.records, ranks, environment(topo), n_params)
             summary.update(started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), finished=now(),
-                           train_wall_s=time.time() - started, resumes=resumes)
+                           train_wall_s=time.time() - started, resumes=resumes,
+                           startup=dict(phases.seconds, first_step_s=log.records[0]["step_time_s"]))
             write_json(out / "summary.json", summary)
         if checkpoint:
             checkpoint.remove_all()  # finished: a rerun of this run starts again from step 0
@@ -152,7 +184,7 @@ def run(args: argparse.Namespace) -> None:
         shutdown()
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="shardlab.runner.worker", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True, help="resolved experiment JSON")
     parser.add_argument("--strategy", required=True)
@@ -160,7 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="where checkpoints live across attempts")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     run(args)
 
