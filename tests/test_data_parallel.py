@@ -36,6 +36,52 @@ def test_dp_with_gradient_accumulation_matches(run_strategy, reference_losses):
 
 @pytest.mark.torchrun
 @pytest.mark.parity
+def test_bucketed_interleaved_dp_matches_single_device(run_once, reference_losses):
+    """Layers packed into 0.1 MiB buckets (4 buckets of this model's 5 layer groups): the same averaged
+    gradient, so the losses match the reference."""
+    summary, steps = run_once("dp_interleaved", {"strategy_options": {"dp_interleaved": {"bucket_mb": 0.1}}})
+    assert summary["status"] == "ok", summary["reason"]
+    assert_losses_match([s["loss"] for s in steps], reference_losses)
+
+
+def test_buckets_pack_consecutive_layers_up_to_the_cap_as_the_plan_does():
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from shardlab.costs.comm_volume import bucketed_data_parallel, pack_buckets
+    from shardlab.costs.shapes import ModelShape, StepShape
+    from shardlab.strategies.data_parallel.comms import layer_buckets, size_buckets
+
+    assert pack_buckets([3, 1, 2, 5, 1], cap=4) == [[0, 1], [2], [3], [4]]
+    assert pack_buckets([3, 1, 2], cap=None) == [[0], [1], [2]]
+    model_cfg = TEST_EXPERIMENT["model"]
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(
+        vocab_size=model_cfg["vocab_size"], hidden_size=model_cfg["hidden_size"], num_hidden_layers=model_cfg["num_layers"],
+        num_attention_heads=model_cfg["num_heads"], intermediate_size=model_cfg["intermediate_size"]))
+    shape = ModelShape.from_dict(model_cfg)
+    step = StepShape.from_training(TEST_EXPERIMENT["training"])
+    for bucket_mb in (None, 0.1, 0.2, 25):
+        buckets = size_buckets(model, bucket_mb)
+        assert [p for b in buckets for p in b.params] == [p for b in layer_buckets(model) for p in b.params]
+        planned = bucketed_data_parallel(shape, step, 2, bucket_mb)
+        assert sum(c.count for c in planned) == len(buckets), bucket_mb
+        assert sorted(c.size_bytes for c in planned for _ in range(c.count)) == sorted(
+            4 * sum(p.numel() for p in b.params) for b in buckets)
+    assert len(size_buckets(model, 25)) == 1 < len(size_buckets(model, None))
+
+
+@pytest.mark.parametrize("bucket_mb", [0, -1, "big", True])
+def test_a_bad_bucket_size_names_the_field(bucket_mb):
+    from shardlab.errors import ConfigError
+    from shardlab.study import check_experiment
+
+    exp = dict(TEST_EXPERIMENT, name="t", strategies=["dp_interleaved"],
+               strategy_options={"dp_interleaved": {"bucket_mb": bucket_mb}})
+    with pytest.raises(ConfigError, match=r"strategy_options\.dp_interleaved\.bucket_mb"):
+        check_experiment(exp)
+
+
+@pytest.mark.torchrun
+@pytest.mark.parity
 def test_parity_check_fails_without_gradient_averaging(run_strategy, reference_losses):
     """The comparison can fail: if ranks step on their local gradients, losses leave the reference."""
     summary, steps = run_strategy("dp_naive", {"training": {"fault_injection": "skip_grad_average"}})

@@ -8,8 +8,7 @@ if STUDY.experiments_of("zero"):
     VERDICT_EVIDENCE += table_files("zero_memory")
 if STUDY.experiments_of("tensor_parallel"):
     VERDICT_EVIDENCE += table_files("tp_memory_categories")
-if config["report"]["timing_noise"]:  # the run-to-run noise measured on this machine (not a DAG output)
-    VERDICT_EVIDENCE.append(repo_path(config["report"]["timing_noise"]))
+VERDICT_EVIDENCE += TIMING_NOISE
 
 
 rule verdicts_tables:

@@ -41,8 +41,36 @@ class Call:
 
 # --- one function per technique -----------------------------------------------------------------
 def data_parallel(model: ModelShape, step: StepShape, dp: int) -> list[Call]:
-    """DP naive/interleaved, DDP, ZeRO-0: one all-reduce of every gradient per step (buckets sum to it)."""
+    """DP naive, DDP, ZeRO-0: one all-reduce of every gradient per step (DDP's buckets sum to it)."""
     return [Call("all_reduce", model.parameters() * GRAD_BYTES, 1, dp, "gradient all-reduce")]
+
+
+def gradient_groups(model: ModelShape) -> list[int]:
+    """Parameters of each per-layer gradient group in the order backward finishes them: LM head,
+    final LayerNorm, the layers from last to first, the embedding (strategies.data_parallel.comms)."""
+    return [model.hidden_size * model.vocab_size, 2 * model.hidden_size,
+            *[model.layer_parameters()] * model.num_layers, model.embedding_parameters()]
+
+
+def pack_buckets(sizes: list[int], cap: float | None) -> list[list[int]]:
+    """Consecutive groups merged while a bucket stays within `cap` (same unit as `sizes`; a group larger
+    than the cap stays alone); None: one bucket per group. Returns the group indices of each bucket."""
+    buckets: list[list[int]] = []
+    for i, size in enumerate(sizes):
+        if cap is not None and buckets and sum(sizes[j] for j in buckets[-1]) + size <= cap:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
+def bucketed_data_parallel(model: ModelShape, step: StepShape, dp: int, bucket_mb: float | None) -> list[Call]:
+    """Interleaved DP: one all-reduce per gradient bucket (per layer, or layers packed up to `bucket_mb`
+    MiB): the same bytes as one all-reduce, but one latency per bucket."""
+    sizes = [n * GRAD_BYTES for n in gradient_groups(model)]
+    buckets = [sum(sizes[i] for i in b) for b in pack_buckets(sizes, None if bucket_mb is None else bucket_mb * 2**20)]
+    return [Call("all_reduce", size, buckets.count(size), dp, "gradient all-reduce, one per bucket")
+            for size in dict.fromkeys(buckets)]
 
 
 def zero_sharded_optimizer(model: ModelShape, step: StepShape, dp: int) -> list[Call]:

@@ -10,6 +10,11 @@ Every ratio has a 95 % bootstrap interval over the two runs' timed steps (`*_low
 `core.timing.throughput_ratio`), where the runs' step logs are given.
 - dp_comm_steps: per step, the time a rank was blocked in gradient communication, for the runs
   that record it (hand-written strategies time their collectives; DDP's run inside backward).
+- dp_buckets: the bucket-size sweep of interleaved DP (its `bucket_mb` option, per experiment): per
+  run, the buckets its plan issues, the alpha-beta prediction of their all-reduces (with the
+  latency part, buckets x alpha) beside the communication the run left exposed, and its tokens/s
+  against DDP in the same experiment, with the within-run interval and the interval widened by the
+  measured run-to-run noise (`core.timing.with_run_noise`, as the verdicts).
 
 `throughput_rows` serves every topic whose strategies have references and twins (tensor parallel too).
 """
@@ -18,7 +23,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.core.timing import throughput_ratio, timed_times
+from shardlab.core.timing import run_to_run_sigma, throughput_ratio, timed_times, with_run_noise
+from shardlab.costs.alpha_beta import models_from_table
+from shardlab.costs.network import plan_seconds
+from shardlab.costs.shapes import StepShape
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 
@@ -29,6 +37,10 @@ THROUGHPUT_COLUMNS = ["experiment", "strategy", "family", "reference", "twin", "
                       "ratio_to_twin_low", "ratio_to_twin_high"]
 PAIR_COLUMNS = ["experiment", "family", "strategy", "other", "tokens_per_s", "other_tokens_per_s", "ratio",
                 "ratio_low", "ratio_high"]
+BUCKET_COLUMNS = ["experiment", "bucket_mb", "buckets", "tokens_per_s", "step_time_median_s", "comm_exposed_s",
+                  "comm_predicted_s", "latency_predicted_s", "ddp_tokens_per_s", "ratio_to_ddp", "ratio_to_ddp_low",
+                  "ratio_to_ddp_high", "ratio_to_ddp_noise_low", "ratio_to_ddp_noise_high"]
+BUCKETED, PRODUCTION = "dp_interleaved", "ddp"
 COMM_COLUMNS = ["experiment", "strategy", "status", "step", "timed", "comm_time_s", "step_time_s", "comm_fraction"]
 
 
@@ -126,8 +138,39 @@ def comm_step_rows(summaries: list[dict], experiments: dict[str, dict], topic: s
     return pd.DataFrame(rows, columns=COMM_COLUMNS)
 
 
+def bucket_rows(inputs: TableInputs, times: dict) -> pd.DataFrame:
+    """One row per finished interleaved-DP run whose model shape is known (see the module docstring)."""
+    fits = inputs.tables.get("comm_fit")
+    models = models_from_table(fits) if fits is not None else {}
+    noise = inputs.tables.get("timing_noise")
+    sigma = run_to_run_sigma(noise) if noise is not None else 0.0
+    by_run = {(s["experiment"], s["strategy"]): s for s in inputs.summaries}
+    rows = []
+    for (experiment, strategy), run in by_run.items():
+        exp = inputs.experiments.get(experiment)
+        shape = exp and inputs.model_shape(exp)
+        if strategy != BUCKETED or run["status"] != "ok" or shape is None:
+            continue
+        spec = REGISTRY[strategy]
+        plan = spec.comm_plan(shape, StepShape.from_training(exp["training"]), run["world_size"], spec.options(exp))
+        ddp = _rate(by_run.get((experiment, PRODUCTION)))
+        low, high = interval(times, experiment, strategy, PRODUCTION)
+        ratio = _ratio(run["tokens_per_s"], ddp)
+        noisy = with_run_noise(ratio, low, high, sigma) if low is not None else (None, None)
+        rows.append({"experiment": experiment, "bucket_mb": spec.options(exp).get("bucket_mb"),
+                     "buckets": sum(c.count for c in plan), "tokens_per_s": run["tokens_per_s"],
+                     "step_time_median_s": run["step_time_median_s"], "comm_exposed_s": run.get("comm_time_median_s"),
+                     "comm_predicted_s": plan_seconds(plan, models) if models else None,
+                     "latency_predicted_s": sum(c.count for c in plan) * models["all_reduce"].alpha_s
+                     if "all_reduce" in models else None,
+                     "ddp_tokens_per_s": ddp, "ratio_to_ddp": ratio, "ratio_to_ddp_low": low, "ratio_to_ddp_high": high,
+                     "ratio_to_ddp_noise_low": noisy[0], "ratio_to_ddp_noise_high": noisy[1]})
+    return pd.DataFrame(rows, columns=BUCKET_COLUMNS).sort_values("buckets", ascending=False)
+
+
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     times = step_times(inputs.summaries, inputs.experiments)
     throughput = throughput_rows(inputs.summaries, TOPIC, times)
     return {"dp_throughput": throughput, "dp_pairs": pair_rows(throughput, TOPIC, times),
-            "dp_comm_steps": comm_step_rows(inputs.summaries, inputs.experiments, TOPIC)}
+            "dp_comm_steps": comm_step_rows(inputs.summaries, inputs.experiments, TOPIC),
+            "dp_buckets": bucket_rows(inputs, times)}

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from shardlab.costs.comm_volume import pack_buckets
+
 
 class GradientBucket:
     """A group of parameters whose gradients travel in one all-reduce."""
@@ -48,3 +50,15 @@ def layer_buckets(model: torch.nn.Module) -> list[GradientBucket]:
         cut = next((i + 1 for i, part in enumerate(parts) if part.isdigit()), len(parts) - 1)
         groups.setdefault(".".join(parts[:cut]), []).append(param)
     return [GradientBucket(name, params) for name, params in reversed(groups.items())]
+
+
+def size_buckets(model: torch.nn.Module, bucket_mb: float | None) -> list[GradientBucket]:
+    """Per-layer buckets (`bucket_mb` None: the study's choice), or consecutive layers merged, in the
+    order backward finishes them, up to `bucket_mb` MiB of gradients each (`costs.comm_volume.pack_buckets`,
+    which the cost model uses too): one collective per bucket, as DDP's `bucket_cap_mb`."""
+    layers = layer_buckets(model)
+    sizes = [sum(p.numel() * p.element_size() for p in layer.params) for layer in layers]
+    packed = pack_buckets(sizes, None if bucket_mb is None else bucket_mb * 2**20)
+    if len(packed) == len(layers):
+        return layers
+    return [GradientBucket("+".join(layers[i].name for i in b), [p for i in b for p in layers[i].params]) for b in packed]

@@ -3,13 +3,15 @@
 Each transformer layer's gradients are all-reduced with a non-blocking collective as soon as
 backward has produced all of them (`register_post_accumulate_grad_hook`), so communication for
 layer L overlaps the backward of layers L-1..0. The optimizer step waits for all of them.
+Option `bucket_mb` merges consecutive layers into buckets of up to that many MiB (fewer, larger
+collectives, as DDP's buckets; `comms.size_buckets`); without it, one bucket per layer (the study's).
 Communication time recorded here is the time blocked in those waits, i.e. what overlap did not hide.
 """
 
 import contextlib
 
 from shardlab.strategies.base import Strategy
-from shardlab.strategies.data_parallel.comms import layer_buckets
+from shardlab.strategies.data_parallel.comms import size_buckets
 
 
 class InterleavedDataParallel(Strategy):
@@ -17,7 +19,7 @@ class InterleavedDataParallel(Strategy):
     reshardable = True  # every rank holds the whole state: any world size resumes it
 
     def wrap(self, model):
-        self._buckets = layer_buckets(model)
+        self._buckets = size_buckets(model, self.options.get("bucket_mb"))
         self._pending: dict[int, int] = {}
         self._sync_this_backward = True
         for index, bucket in enumerate(self._buckets):
