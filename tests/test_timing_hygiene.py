@@ -186,3 +186,39 @@ def test_comm_timer_synchronizes_cuda_at_both_ends_and_not_cpu(monkeypatch):
     with CommTimer(torch.device("cpu")).blocked():
         events.append("collective")
     assert events == ["collective"]
+
+
+# --- the instrumentation benchmark (shardlab.bench.instrumentation) ------------------------------
+def test_blocks_alternate_so_each_mode_runs_first_as_often():
+    from shardlab.bench.instrumentation import block_order, overhead
+
+    assert block_order(2) == ["instrumented", "bare", "bare", "instrumented"]
+    assert block_order(3).count("bare") == 3
+    value, low, high = overhead([1.1, 1.1, 1.1], [1.0, 1.0, 1.0])
+    assert value == pytest.approx(0.1) and low == pytest.approx(0.1) and high == pytest.approx(0.1)
+    value, low, high = overhead([1.0, 1.2, 1.4], [1.0, 1.0, 1.0])
+    assert low < value < high
+
+
+@pytest.mark.torchrun
+def test_the_instrumentation_benchmark_times_both_modes_under_torchrun(tiny_assets, tmp_path):
+    """The benchmark runs (2 ranks, gloo) and records its samples; a benchmark, not a timed test: no
+    speed is asserted."""
+    import json
+    import subprocess
+
+    from shardlab.runner.launch import run_environment, torchrun_command
+
+    model_dir, tokens = tiny_assets
+    settings, out = tmp_path / "experiment.json", tmp_path / "result.json"
+    settings.write_text(json.dumps(TEST_EXPERIMENT))
+    run_args = ["--experiment-config", str(settings), "--strategy", "dp_naive", "--model-dir", str(model_dir),
+                "--tokens", str(tokens), "--blocks", "2", "--steps-per-block", "1", "--warmup-steps", "1",
+                "--out", str(out)]
+    cmd = torchrun_command(2, run_args, module="shardlab.bench.instrumentation")
+    subprocess.run(cmd, env=run_environment(TEST_EXPERIMENT), check=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert {len(v) for v in result["samples"].values()} == {2}
+    assert all(t > 0 for v in result["samples"].values() for t in v)
+    assert result["overhead"] == pytest.approx(result["instrumented_step_s"] / result["bare_step_s"] - 1)
+    assert result["overhead_low"] <= result["overhead"] <= result["overhead_high"]

@@ -39,10 +39,10 @@ def resolve_world_size(exp: dict, strategy: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
-def torchrun_command(n_procs: int, run_args: list[str]) -> list[str]:
-    """torchrun's command line, run by `shardlab.runner.agent` (torchrun that imports the worker once)."""
+def torchrun_command(n_procs: int, run_args: list[str], module: str = "shardlab.runner.worker") -> list[str]:
+    """torchrun's command line for `module`, run by `shardlab.runner.agent` (torchrun without its teardown)."""
     return [sys.executable, "-m", "shardlab.runner.agent", "--standalone", f"--nproc-per-node={n_procs}",
-            "-m", "shardlab.runner.worker", *run_args]
+            "-m", module, *run_args]
 
 
 def attempt_stamp() -> str:

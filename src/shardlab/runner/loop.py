@@ -21,14 +21,38 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _slowest_rank(seconds: float) -> float:
-    """A step is as slow as its slowest rank."""
-    t = torch.tensor([seconds], dtype=torch.float64)
+def _slowest_ranks(seconds: list[float], device: torch.device) -> list[float]:
+    """A step is as slow as its slowest rank: the per-step maximum over ranks, in one collective."""
+    t = torch.tensor(seconds, dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         if dist.get_backend() == "nccl":
-            t = t.cuda()
+            t = t.to(device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+    return t.tolist()
+
+
+class PendingSteps:
+    """Steps measured but not yet reduced over the ranks. Their losses and step times are reduced
+    together when the loop needs them (a log line, an evaluation, a checkpoint, the last step):
+    two small collectives per flush instead of two per step, which on gloo cost ~1-2 % of a step
+    each (bench/instrumentation.py)."""
+
+    def __init__(self, strategy: Strategy):
+        self.strategy = strategy
+        self.steps: list[dict] = []
+
+    def add(self, step: int, loss: torch.Tensor, step_time: float, comm: float | None, **extra) -> None:
+        self.steps.append(dict(extra, step=step, loss=loss, step_time_s=step_time, comm_time_s=comm))
+
+    def flush(self) -> list[dict]:
+        """The pending steps with the global mean loss and the slowest rank's step time, in order."""
+        if not self.steps:
+            return []
+        losses = self.strategy.reduce_losses(torch.stack([s["loss"].reshape(()) for s in self.steps])).tolist()
+        times = _slowest_ranks([s["step_time_s"] for s in self.steps], self.strategy.topo.device)
+        flushed = [dict(s, loss=loss, step_time_s=t) for s, loss, t in zip(self.steps, losses, times)]
+        self.steps = []
+        return flushed
 
 
 def validation_loss(strategy: Strategy, batches: TokenBatches, n_batches: int) -> float:
@@ -40,6 +64,39 @@ def validation_loss(strategy: Strategy, batches: TokenBatches, n_batches: int) -
     return sum(losses) / len(losses)
 
 
+def step_work(strategy: Strategy, micro: list, measured: dict, probe: bool = False) -> torch.Tensor:
+    """The optimizer step itself, nothing measured but, with `probe`, the first micro-batch's
+    activations (into `measured`): the sum of the micro-batches' losses."""
+    loss_sum = torch.zeros((), device=strategy.topo.device)
+    for i, (x, y) in enumerate(micro):
+        activations = ActivationProbe(strategy.probe_module) if probe and i == 0 else contextlib.nullcontext()
+        with strategy.accumulating(last=i == len(micro) - 1), activations:
+            loss_sum += strategy.forward_backward(x, y, scale=1.0 / len(micro))
+        if isinstance(activations, ActivationProbe):
+            measured["activation_bytes"] = activations.total_bytes
+            measured["activation_by_module"] = activations.bytes_by_module()
+    strategy.sync_gradients()
+    strategy.optimizer_step()
+    return loss_sum
+
+
+def measured_step(strategy: Strategy, micro: list, measured: dict,
+                  probe: bool = False) -> tuple[torch.Tensor, float, float | None]:
+    """One step with everything the study records around it: (this rank's mean loss, its step time,
+    its blocked communication), to be reduced over ranks by `PendingSteps`. Timed from the device
+    being idle to the optimizer's update being done."""
+    device = strategy.topo.device
+    _synchronize(device)
+    t0 = time.perf_counter()
+    loss_sum = step_work(strategy, micro, measured, probe)
+    _synchronize(device)
+    step_time = time.perf_counter() - t0
+    if probe:
+        measured.update(strategy.state_bytes())  # gradients and optimizer state exist now
+    strategy.zero_grad()
+    return loss_sum.detach() / len(micro), step_time, strategy.comm_seconds()
+
+
 def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLog, label: str = "",
           start_step: int = 0, checkpoint: Checkpointer | None = None, resumes: list | None = None) -> dict:
     """Run optimizer steps `start_step`..`training.steps - 1` (a resumed run starts past 0), saving a
@@ -49,47 +106,37 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
     measured: dict = {}
     reset_peak(device)
     started = time.perf_counter()
+    pending = PendingSteps(strategy)
+    last = training["steps"] - 1
     for step in range(start_step, training["steps"]):
         inputs, labels = strategy.local_batch(*batches.global_batch(step))
         micro = strategy.micro_batches(inputs.to(device), labels.to(device))
         first = step == start_step  # the probe step (step 0, or the first step after a resume)
 
         inject_fault(training["fault_injection"], step, topo.rank, resumed=start_step > 0)
-        _synchronize(device)
-        t0 = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        for i, (x, y) in enumerate(micro):
-            # The first step (step 0: a warm-up step, never timed) also counts activations of its first micro-batch.
-            probe = ActivationProbe(strategy.probe_module) if first and i == 0 else contextlib.nullcontext()
-            with strategy.accumulating(last=i == len(micro) - 1), probe:
-                loss_sum += strategy.forward_backward(x, y, scale=1.0 / len(micro))
-            if isinstance(probe, ActivationProbe):
-                measured["activation_bytes"] = probe.total_bytes
-                measured["activation_by_module"] = probe.bytes_by_module()
-        strategy.sync_gradients()
-        strategy.optimizer_step()
-        _synchronize(device)
-        step_time = time.perf_counter() - t0
-
-        if first:
-            measured.update(strategy.state_bytes())  # gradients and optimizer state exist now
-        strategy.zero_grad()
-        comm = strategy.comm_seconds()
-        loss = strategy.reduce_loss(loss_sum / len(micro))
-        step_time = _slowest_rank(step_time)
-        record = {"step": step, "loss": loss, "step_time_s": step_time, "tokens_per_s": tokens_per_step / step_time,
-                  "comm_time_s": comm, "elapsed_s": time.perf_counter() - started}
-        if first and step > 0:  # after a resume: the probe and the reload ran in this step, it is not timed
-            record["untimed"] = True
-        if (training["eval_every"] and (step + 1) % training["eval_every"] == 0) or step == training["steps"] - 1:
+        # The first step (step 0: a warm-up step, never timed) also probes activations and state bytes.
+        loss, step_time, comm = measured_step(strategy, micro, measured, probe=first)
+        # After a resume the probe and the reload ran in the first step: it is not timed.
+        pending.add(step, loss, step_time, comm, elapsed_s=time.perf_counter() - started,
+                    **({"untimed": True} if first and step > 0 else {}))
+        evaluate = (training["eval_every"] and (step + 1) % training["eval_every"] == 0) or step == last
+        save = checkpoint is not None and checkpoint.due(step, last)
+        if not (evaluate or save or step % training["log_every"] == 0 or step == last):
+            continue
+        records = pending.flush()
+        for record in records:
+            record["tokens_per_s"] = tokens_per_step / record["step_time_s"]
+        if evaluate:
             with strategy.comm.paused():  # evaluation traffic is no step's communication time
-                record["val_loss"] = validation_loss(strategy, batches, training["eval_batches"])
+                records[-1]["val_loss"] = validation_loss(strategy, batches, training["eval_batches"])
         if topo.is_main:
-            log.append(record)
-            if step % training["log_every"] == 0 or step == training["steps"] - 1:
-                print(f"[{label}] step {step + 1}/{training['steps']} loss {loss:.4f} "
-                      f"{record['tokens_per_s']:,.0f} tokens/s ({step_time * 1e3:.1f} ms/step)", flush=True)
-        if checkpoint and checkpoint.due(step, training["steps"] - 1):
+            for record in records:
+                log.append(record)
+        if topo.is_main and (step % training["log_every"] == 0 or step == last):
+            r = records[-1]
+            print(f"[{label}] step {step + 1}/{training['steps']} loss {r['loss']:.4f} "
+                  f"{r['tokens_per_s']:,.0f} tokens/s ({r['step_time_s'] * 1e3:.1f} ms/step)", flush=True)
+        if save:
             checkpoint.save(strategy, step, {"records": log.records, "resumes": resumes or []})
     measured.update(peak_memory(device))
     measured.update(strategy.extra_metrics())

@@ -65,11 +65,15 @@ class CommTimer:
 
     def __init__(self, device: torch.device | None = None):
         self.seconds = 0.0
+        self.enabled = True  # off: blocks run untimed and unsynchronized (the instrumentation benchmark)
         on_cuda = device is not None and device.type == "cuda"
         self._synchronize = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
 
     @contextlib.contextmanager
     def blocked(self):
+        if not self.enabled:
+            yield
+            return
         self._synchronize()
         start = time.perf_counter()
         try:
@@ -171,13 +175,18 @@ class Strategy:
         with self.autocast():
             return causal_lm_loss(self.model(input_ids=inputs).logits, labels)
 
-    def reduce_loss(self, loss: torch.Tensor) -> float:
-        """The global-batch mean loss on every rank (mean of the data-parallel ranks' means)."""
-        loss = loss.detach().float().clone()
+    def reduce_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """Global-batch mean losses on every rank (mean of the data-parallel ranks' means), for a
+        vector of this rank's losses (several steps in one collective)."""
+        losses = losses.detach().float().clone()
         if self.dp_size > 1:
-            dist.all_reduce(loss, group=self.dp_group)
-            loss /= self.dp_size
-        return float(loss)
+            dist.all_reduce(losses, group=self.dp_group)
+            losses /= self.dp_size
+        return losses
+
+    def reduce_loss(self, loss: torch.Tensor) -> float:
+        """The global-batch mean of one loss (`reduce_losses` of one value)."""
+        return float(self.reduce_losses(loss.reshape(1))[0])
 
     # --- checkpoints ----------------------------------------------------------------------
     #: A checkpoint written at one world size resumes at another (checked in tests/test_resume.py).

@@ -77,10 +77,10 @@ class ContextParallelRing(Strategy):
             self._bucket.launch(async_op=False)  # the CP group spans the world (bucket all-reduces over it)
             self._bucket.finish(self.ring.size)
 
-    def reduce_loss(self, loss):
-        loss = loss.detach().float().clone()
-        dist.all_reduce(loss, group=self.cp_group)
-        return float(loss / self.ring.size)
+    def reduce_losses(self, losses):
+        losses = losses.detach().float().clone()
+        dist.all_reduce(losses, group=self.cp_group)
+        return losses / self.ring.size
 
     def extra_metrics(self) -> dict:
         return {"cp_size": self.ring.size, "seq_len": self.training["seq_len"],

@@ -8,7 +8,7 @@ nccl). Each micro-batch's loss is a mean and the schedule divides gradients by t
 micro-batches (`scale_grads=True`), so gradients equal the whole-batch mean gradients.
 
 Every rank sees the whole local batch: the first stage reads the tokens, the last the labels.
-Only the last stage knows the loss; `reduce_loss` shares it with every rank.
+Only the last stage knows the loss; `reduce_losses` shares it with every rank.
 
 Measurement (`measure.py`: op timeline, live saved bytes, and the barrier that aligns the stages'
 clocks) runs only on steps the loop does not time: the warm-up steps after step 0, topped up to
@@ -164,12 +164,12 @@ class PipelineParallel(Strategy):
         self._after_eval = True
         return torch.stack(losses).mean() if losses else torch.zeros(())
 
-    def reduce_loss(self, loss):
-        """Every rank gets the global mean loss: the last stage of each data-parallel replica holds its
-        replica's mean, the other ranks contribute zero, and the sum over the world is divided by dp."""
-        loss = loss.detach().float().clone() if self.holds_last else torch.zeros((), device=self.topo.device)
-        dist.all_reduce(loss)
-        return float(loss) / self.dp_size
+    def reduce_losses(self, losses):
+        """Every rank gets the global mean losses: the last stage of each data-parallel replica holds its
+        replica's means, the other ranks contribute zeros, and the sum over the world is divided by dp."""
+        losses = losses.detach().float().clone() if self.holds_last else torch.zeros_like(losses, dtype=torch.float32)
+        dist.all_reduce(losses)
+        return losses / self.dp_size
 
     # --- measurement --------------------------------------------------------------------
     def extra_metrics(self) -> dict:
