@@ -3,7 +3,7 @@
 prepared model and tokens (run the DAG first) and prints the overhead with its 95 % interval.
 
     python scripts/instrumentation-cost.py [--config config/config.yaml] [--experiment data_parallel]
-        [--strategies dp_naive dp_interleaved ddp] [--blocks 8] [--steps-per-block 5] [--out DIR]
+        [--strategies dp_naive dp_interleaved ddp] [--blocks 8] [--steps-per-block N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--experiment", default="data_parallel")
     parser.add_argument("--strategies", nargs="+", help="default: the experiment's")
     parser.add_argument("--blocks", type=int, default=8)
-    parser.add_argument("--steps-per-block", type=int, default=5)
+    parser.add_argument("--steps-per-block", type=int, help="default: the experiment's training.log_every")
     parser.add_argument("--out", type=Path, help="keep each strategy's JSON result here")
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text())
@@ -42,12 +42,13 @@ def main() -> None:
     for strategy in args.strategies or exp["strategies"]:
         result = out / f"{strategy}.json"
         run_args = ["--experiment-config", str(settings), "--strategy", strategy, "--model-dir", str(model_dir),
-                    "--tokens", str(tokens), "--blocks", str(args.blocks), "--steps-per-block",
-                    str(args.steps_per_block), "--out", str(result)]
+                    "--tokens", str(tokens), "--blocks", str(args.blocks), "--out", str(result)]
+        if args.steps_per_block:
+            run_args += ["--steps-per-block", str(args.steps_per_block)]
         cmd = torchrun_command(resolve_world_size(exp, strategy), run_args, module="shardlab.bench.instrumentation")
         subprocess.run(cmd, env=run_environment(exp), check=True)
         results.append(json.loads(result.read_text()))
-    print(f"\ninstrumentation cost per step ({args.blocks} blocks of {args.steps_per_block} steps per mode):")
+    print(f"\ninstrumentation cost per step ({args.blocks} blocks per mode of {results[0]['steps_per_block']} steps):")
     for r in results:
         print(f"  {r['strategy']:<16} {r['overhead']:+6.1%}  (95 % {r['overhead_low']:+.1%} to {r['overhead_high']:+.1%})"
               f"  bare {r['bare_step_s'] * 1e3:6.1f} ms, instrumented {r['instrumented_step_s'] * 1e3:6.1f} ms")

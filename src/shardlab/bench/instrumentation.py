@@ -4,8 +4,9 @@ shardlab.bench.instrumentation ...`; scripts/instrumentation-cost.py runs it per
 
 The instrumented step is the one every run of the study takes (`runner.loop.measured_step`): device
 synchronisation and the clock around the step, the blocked-communication timer inside the strategy,
-and, every `training.log_every` steps, the losses averaged over ranks and the slowest rank's step
-times (`runner.loop.PendingSteps`: two small all-reduces per flush). The bare step is the same work (`runner.loop.step_work`) with the communication timer off and nothing
+and, once per `training.log_every` steps, the losses averaged over ranks and the slowest rank's step
+times (`runner.loop.PendingSteps`: two small all-reduces per flush; a block is `log_every` steps
+long unless told otherwise, and flushes once). The bare step is the same work (`runner.loop.step_work`) with the communication timer off and nothing
 reduced. Blocks of steps alternate A B B A ... so that drift in the machine's speed hits both alike;
 each block's wall time per step (ranks aligned by a barrier at both ends) is one sample, and the
 overhead is the ratio of the two medians with a 95 % bootstrap interval over blocks. The activation
@@ -47,8 +48,9 @@ def overhead(instrumented: list[float], bare: list[float], seed: int = 0) -> tup
     return float(np.median(a) / np.median(b) - 1), float(low - 1), float(high - 1)
 
 
-def run_block(strategy, batches, step: int, steps: int, mode: str, log_every: int) -> float:
-    """Wall seconds per step of `steps` steps in `mode`, ranks aligned at both ends."""
+def run_block(strategy, batches, step: int, steps: int, mode: str) -> float:
+    """Wall seconds per step of `steps` steps in `mode`, ranks aligned at both ends; an instrumented
+    block reduces its steps once at its end, as training does once per `log_every` steps."""
     device = strategy.topo.device
     pending = PendingSteps(strategy)
     dist.barrier()
@@ -58,8 +60,6 @@ def run_block(strategy, batches, step: int, steps: int, mode: str, log_every: in
         micro = strategy.micro_batches(inputs.to(device), labels.to(device))
         if mode == "instrumented":
             pending.add(k, *measured_step(strategy, micro, {}))
-            if k % log_every == 0:
-                pending.flush()
         else:
             step_work(strategy, micro, {})
             strategy.zero_grad()
@@ -75,30 +75,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--tokens", type=Path, required=True)
     parser.add_argument("--blocks", type=int, default=8, help="blocks per mode")
-    parser.add_argument("--steps-per-block", type=int, default=5)
+    parser.add_argument("--steps-per-block", type=int, help="default: the experiment's training.log_every")
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True, help="JSON result")
     args = parser.parse_args(argv)
     exp = json.loads(args.experiment_config.read_text())
-    training = dict(exp["training"], steps=args.warmup_steps + 2 * args.blocks * args.steps_per_block)
+    steps_per_block = args.steps_per_block or exp["training"]["log_every"]
+    training = dict(exp["training"], steps=args.warmup_steps + 2 * args.blocks * steps_per_block)
     topo = init_topology(exp["launch"])
     try:
         strategy = get_spec(args.strategy).load()(load_model(args.model_dir), topo, training,
                                                   exp.get("strategy_options", {}).get(args.strategy, {}))
         batches = TokenBatches.from_file(args.tokens, training)
-        log_every = training["log_every"]
-        run_block(strategy, batches, 0, args.warmup_steps, "instrumented", log_every)
+        run_block(strategy, batches, 0, args.warmup_steps, "instrumented")
         samples: dict[str, list[float]] = {mode: [] for mode in MODES}
         step = args.warmup_steps
         for mode in block_order(args.blocks):
             strategy.comm.enabled = mode == "instrumented"
-            samples[mode].append(run_block(strategy, batches, step, args.steps_per_block, mode, log_every))
-            step += args.steps_per_block
+            samples[mode].append(run_block(strategy, batches, step, steps_per_block, mode))
+            step += steps_per_block
         strategy.comm_seconds()  # drop what the instrumented blocks timed
         if topo.is_main:
             value, low, high = overhead(samples["instrumented"], samples["bare"])
             result = {"experiment": exp["name"], "strategy": args.strategy, "world_size": topo.world_size,
-                      "blocks": args.blocks, "steps_per_block": args.steps_per_block,
+                      "blocks": args.blocks, "steps_per_block": steps_per_block,
                       "instrumented_step_s": float(np.median(samples["instrumented"])),
                       "bare_step_s": float(np.median(samples["bare"])), "overhead": value, "overhead_low": low,
                       "overhead_high": high, "samples": samples}
