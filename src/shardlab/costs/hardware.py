@@ -1,28 +1,32 @@
-"""Accelerators' peak dense bf16 throughput, for model FLOPs utilisation (MFU). Values are the
-vendors' datasheet figures *without* structured sparsity (datasheets print the sparse figure, 2x,
-first). Matched against `torch.cuda.get_device_name()` by substring, most specific first.
-
-Sources: NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: 989 TFLOPS bf16 dense); NVIDIA H100
-datasheet (SXM 989, PCIe 756); NVIDIA A100 datasheet (312, SXM and PCIe); NVIDIA L40S datasheet (362).
+"""Accelerators' figures for the cost models, read from `hardware.yaml` (each value with its
+source): peak dense throughput per dtype, HBM size and bandwidth, NVLink bandwidth. Used today for
+model FLOPs utilisation (MFU) in the GPU check.
 """
 
 from __future__ import annotations
 
-PEAK_BF16_FLOPS = {  # device-name substring -> FLOP/s
-    "H200": 989e12,
-    "H100 PCIe": 756e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-}
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+CATALOG = Path(__file__).with_name("hardware.yaml")
+
+
+@lru_cache(maxsize=1)
+def accelerators() -> tuple[dict, ...]:
+    return tuple(yaml.safe_load(CATALOG.read_text())["accelerators"])
+
+
+def accelerator(device_name: str) -> dict | None:
+    """The catalog entry whose `match` substring the device's name contains (first match), else None."""
+    return next((a for a in accelerators() if any(m in device_name for m in a["match"])), None)
 
 
 def peak_bf16_flops(device_name: str) -> float | None:
     """Peak dense bf16 FLOP/s of a device by its name; None when the catalog does not know it."""
-    for key, flops in PEAK_BF16_FLOPS.items():
-        if key in device_name:
-            return flops
-    return None
+    entry = accelerator(device_name)
+    return entry["bf16_tflops"] * 1e12 if entry else None
 
 
 def training_flops_per_token(parameters: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
