@@ -209,8 +209,8 @@ def test_share_uses_measured_time_where_recorded_and_predicts_elsewhere():
     assert ddp["comm_source"] == "predicted (alpha-beta, in-training factor)"
     assert ddp["comm_share"] == pytest.approx(predicted * factor / 0.08)
     assert ddp["predicted_share"] == pytest.approx(predicted / 0.08)
-    assert naive["comm_whole"] and naive["model_error"] == pytest.approx(predicted / 0.04 - 1)
-    assert pd.isna(naive["training_factor"])  # no other run to calibrate on: nothing held out
+    assert naive["comm_whole"] and naive["model_rel_err"] == pytest.approx(predicted / 0.04 - 1)
+    assert pd.isna(naive["training_ratio"])  # no other run to calibrate on: nothing held out
     single = share.loc["e", "single"]
     assert single["comm_source"].startswith("none") and single["comm_share"] == 0
     unknown = share.loc["hub", "ddp"]
@@ -231,11 +231,11 @@ def test_the_in_training_calibration_is_held_out_and_judged_against_the_fit_erro
     share = build(TableInputs(experiments=experiments, tables={"runs": runs, "comm_fit": fits}))["comm_share"]
     share = share.set_index(["experiment", "strategy"])
     predicted = share.loc[("a", "dp_naive"), "comm_predicted_s"]
-    assert share.loc[("a", "dp_naive"), "training_factor"] == pytest.approx(np.median([0.03, 0.04]) / predicted)
-    assert share.loc[("c", "dp_naive"), "calibrated_error"] == pytest.approx(0.025 / 0.04 - 1)
-    assert list(share["within_tolerance"].iloc[:3]) == [False, True, False]  # +75 %, 0 %, -38 % vs 30 %
+    assert share.loc[("a", "dp_naive"), "training_ratio"] == pytest.approx(np.median([0.03, 0.04]) / predicted)
+    assert share.loc[("c", "dp_naive"), "calibrated_rel_err"] == pytest.approx(0.025 / 0.04 - 1)
+    assert list(share["rel_err_within_tolerance"].iloc[:3]) == [False, True, False]  # +75 %, 0 %, -38 % vs 30 %
     interleaved = share.loc["a", "dp_interleaved"]
-    assert not interleaved["comm_whole"] and pd.isna(interleaved["model_error"]) and pd.isna(interleaved["calibrated_error"])
+    assert not interleaved["comm_whole"] and pd.isna(interleaved["model_rel_err"]) and pd.isna(interleaved["calibrated_rel_err"])
 
 
 def test_volume_lists_each_runs_calls_and_marks_unknown_plans():

@@ -5,9 +5,10 @@ network link, the plans at the study's scale, and the benchmark's alpha-beta fit
 - comm_share: per successful run, communication time (measured or predicted, labelled), its share
   of the median step time (`comm_share`), the alpha-beta prediction's share (`predicted_share`) and,
   where the run times its whole communication (`comm_whole`; the registry's `comm_timed_in_full`),
-  the idle benchmark's error against the measurement (`model_error`) and the in-training calibration
-  held out: the prediction times the median measured/predicted ratio of the *other* such runs (`training_factor`), its error (`calibrated_error`) against the benchmark fit's own
-  largest error for the run's collectives (`tolerance`, `within_tolerance`).
+  the idle benchmark's error against the measurement (`model_rel_err`) and the in-training calibration
+  held out: the prediction times the median measured/predicted ratio of the *other* such runs
+  (`training_ratio`), its error (`calibrated_rel_err`) against the benchmark fit's own largest error
+  for the run's collectives (`tolerance_rel_err`, `rel_err_within_tolerance`).
 - comm_whatif: predicted step time per (run, link, overlap assumption).
 - comm_projection: communication seconds per step of every registered multi-process strategy at the
   study's scale, per link; strategies with the same plan there share a `plan_group`.
@@ -47,7 +48,8 @@ VOLUME_COLUMNS = ["experiment", "strategy", "world_size", "plan", "collective", 
                   "group_size", "bus_bytes"]
 SHARE_COLUMNS = ["experiment", "strategy", "world_size", "step_time_s", "bytes_per_rank", "comm_measured_s",
                  "comm_predicted_s", "comm_s", "comm_source", "comm_share", "compute_s", "predicted_share",
-                 "comm_whole", "model_error", "training_factor", "calibrated_error", "tolerance", "within_tolerance"]
+                 "comm_whole", "model_rel_err", "training_ratio", "calibrated_rel_err", "tolerance_rel_err",
+                 "rel_err_within_tolerance"]
 WHATIF_COLUMNS = ["experiment", "strategy", "link", "bandwidth_GBps", "overlap", "compute_s", "comm_s",
                   "predicted_step_s", "measured_step_s", "link_order"]
 CURVE_COLUMNS = ["collective", "world_size", "size_bytes", "time_s"]
@@ -99,7 +101,7 @@ def volume_table(runs: pd.DataFrame, experiments: dict[str, dict], plans: Plans)
     return pd.DataFrame(rows, columns=VOLUME_COLUMNS)
 
 
-def _training_factor(rows: list[dict], leave_out: dict | None = None) -> float | None:
+def _training_ratio(rows: list[dict], leave_out: dict | None = None) -> float | None:
     """Median measured / idle-predicted communication over the runs that time all of theirs (but one)."""
     ratios = [r["comm_measured_s"] / r["comm_predicted_s"] for r in rows
               if r is not leave_out and r["comm_whole"] and r["comm_predicted_s"]]
@@ -121,8 +123,8 @@ def _measured_row(run: dict, plan: list[Call] | None, models, fits: pd.DataFrame
     return {"experiment": run["experiment"], "strategy": run["strategy"], "world_size": int(run["world_size"]),
             "step_time_s": float(run["step_time_median_s"]), "bytes_per_rank": bytes_per_rank(plan),
             "comm_measured_s": measured, "comm_predicted_s": predicted, "comm_whole": whole,
-            "model_error": predicted / measured - 1 if whole and predicted is not None and measured else None,
-            "tolerance": _tolerance(plan, fits)}
+            "model_rel_err": predicted / measured - 1 if whole and predicted is not None and measured else None,
+            "tolerance_rel_err": _tolerance(plan, fits)}
 
 
 def _communication(row: dict, plan: list[Call] | None, factor: float | None) -> tuple:
@@ -143,18 +145,19 @@ def share_table(runs: pd.DataFrame, plans: Plans, fits: pd.DataFrame) -> pd.Data
     models = models_from_table(fits)
     ok = [r for r in runs.to_dict("records") if r.get("status") == "ok" and (r["experiment"], r["strategy"]) in plans]
     rows = [_measured_row(run, plans[run["experiment"], run["strategy"]], models, fits) for run in ok]
-    factor = _training_factor(rows)
+    factor = _training_ratio(rows)
     for row in rows:
         step, predicted = row["step_time_s"], row["comm_predicted_s"]
         comm, source = _communication(row, plans[row["experiment"], row["strategy"]], factor)
         row.update(comm_s=comm, comm_source=source, comm_share=None if comm is None else min(comm / step, 1.0),
                    compute_s=None if comm is None else max(step - comm, 0.0),
                    predicted_share=None if predicted is None else min(predicted / step, 1.0))
-        held_out = _training_factor(rows, leave_out=row) if row["model_error"] is not None else None
+        held_out = _training_ratio(rows, leave_out=row) if row["model_rel_err"] is not None else None
         if held_out is not None:
             error = predicted * held_out / row["comm_measured_s"] - 1
-            row.update(training_factor=held_out, calibrated_error=error,
-                       within_tolerance=None if row["tolerance"] is None else abs(error) <= row["tolerance"])
+            row.update(training_ratio=held_out, calibrated_rel_err=error,
+                       rel_err_within_tolerance=None if row["tolerance_rel_err"] is None
+                       else abs(error) <= row["tolerance_rel_err"])
     return pd.DataFrame(rows, columns=SHARE_COLUMNS)
 
 
