@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from shardlab.runner.launch import resolve_world_size, run_environment, torchrun_command
-from shardlab.study import load_study
+from shardlab.study import load_study, prepared_inputs
 
 
 def main() -> None:
@@ -31,9 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text())
     exp = load_study(config).experiments[args.experiment]
-    resources = Path(config.get("resources_dir", "resources"))
-    model_dir = resources / "models" / exp["model"]["name"]
-    tokens = resources / "data" / exp["model"]["name"] / exp["data"]["corpus"] / "tokens.npy"
+    model_dir, tokens = prepared_inputs(config, exp)
     out = args.out or Path(tempfile.mkdtemp(prefix="instrumentation-"))
     settings = out / "experiment.json"
     out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ import yaml
 from shardlab.core.timing import run_to_run_sigma, throughput_ratio, timed_steps
 from shardlab.runner.launch import launch
 from shardlab.runner.metrics import cpu_model
-from shardlab.study import load_study
+from shardlab.study import load_study, prepared_inputs
 
 
 def main() -> None:
@@ -40,8 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text())
     exp = load_study(config).experiments[args.experiment]
-    model_dir = Path(config.get("resources_dir", "resources")) / "models" / exp["model"]["name"]
-    tokens = Path(config.get("resources_dir", "resources")) / "data" / exp["model"]["name"] / exp["data"]["corpus"] / "tokens.npy"
+    model_dir, tokens = prepared_inputs(config, exp)
     times: dict[str, list[list[float]]] = {s: [] for s in exp["strategies"]}
     with tempfile.TemporaryDirectory() as tmp:
         settings = Path(tmp) / "experiment.json"

@@ -136,6 +136,13 @@ def run_sources(strategy: str) -> list[str]:
     return sorted(str(f) for f in {*own, *shared})
 
 
+def prepared_inputs(config: dict, exp: dict) -> tuple[Path, Path]:
+    """(model folder, token file) the DAG's prepare rules write for an experiment (workflow/rules/common.smk)."""
+    resources = Path(config.get("resources_dir", "resources"))
+    return (resources / "models" / exp["model"]["name"],
+            resources / "data" / exp["model"]["name"] / exp["data"]["corpus"] / "tokens.npy")
+
+
 def check_output_dirs(config: dict, base_dir: Path | str) -> None:
     """results_dir and resources_dir stay inside the working directory or the repository (`base_dir`)
     unless `allow_outside_project`: the workflow clears and replaces folders under them."""

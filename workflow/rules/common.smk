@@ -8,7 +8,7 @@ from snakemake.utils import validate
 
 from shardlab.errors import ConfigError
 from shardlab.strategies import SINGLE
-from shardlab.study import launch_threads, load_study, run_resources, run_sources
+from shardlab.study import launch_threads, load_study, prepared_inputs, run_resources, run_sources
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -38,8 +38,7 @@ def model_record(exp):
 
 
 def tokens_path(exp):
-    e = EXPERIMENTS[exp]
-    return f"{RESOURCES}/data/{e['model']['name']}/{e['data']['corpus']}/tokens.npy"
+    return str(prepared_inputs(config, EXPERIMENTS[exp])[1])
 
 
 def run_dir(exp, strategy):

@@ -36,7 +36,9 @@ def throughput_ratio(fast_times, slow_times, seed: int = 0) -> tuple[float, floa
 def run_to_run_sigma(repeats) -> float:
     """The run-to-run noise of a throughput ratio: the standard deviation of log(ratio) over repeated
     runs of the same pair (a table with columns strategy, versus, ratio, one row per repeat; written by
-    scripts/timing-noise.py), pooled over pairs. 0 without at least one pair run twice."""
+    scripts/timing-noise.py), pooled over pairs. 0 without a table or without a pair run twice."""
+    if repeats is None:
+        return 0.0
     variances = [np.var(np.log(g["ratio"].to_numpy(float)), ddof=1)
                  for _, g in repeats.groupby(["strategy", "versus"]) if len(g) > 1]
     return float(np.sqrt(np.mean(variances))) if variances else 0.0

@@ -8,9 +8,9 @@ raises, and exits, exactly as torchrun does.
 
 Forking the ranks from a server that has already imported torch and transformers (torch's
 `start_method="forkserver"` with a function entry point) was tried as a way to cut the ~2.5 s each
-rank spends importing transformers' GPT-NeoX: it saved about 1 s per launch on 2 cores (two ranks
-import in parallel there anyway), and 2 launches of 10 hung after training, so ranks start as
-torchrun starts them.
+rank spends importing transformers' GPT-NeoX: on 2 cores it gave no clear saving (two ranks import
+in parallel there anyway: 5.6-8.0 s a launch against 7.3-8.2 s without it), and 2 launches of 11
+hung after training, so ranks start as torchrun starts them.
 """
 
 from __future__ import annotations

@@ -142,8 +142,7 @@ def bucket_rows(inputs: TableInputs, times: dict) -> pd.DataFrame:
     """One row per finished interleaved-DP run whose model shape is known (see the module docstring)."""
     fits = inputs.tables.get("comm_fit")
     models = models_from_table(fits) if fits is not None else {}
-    noise = inputs.tables.get("timing_noise")
-    sigma = run_to_run_sigma(noise) if noise is not None else 0.0
+    sigma = run_to_run_sigma(inputs.tables.get("timing_noise"))
     by_run = {(s["experiment"], s["strategy"]): s for s in inputs.summaries}
     rows = []
     for (experiment, strategy), run in by_run.items():
@@ -157,11 +156,12 @@ def bucket_rows(inputs: TableInputs, times: dict) -> pd.DataFrame:
         low, high = interval(times, experiment, strategy, PRODUCTION)
         ratio = _ratio(run["tokens_per_s"], ddp)
         noisy = with_run_noise(ratio, low, high, sigma) if low is not None else (None, None)
+        buckets = sum(c.count for c in plan)
         rows.append({"experiment": experiment, "bucket_mb": spec.options(exp).get("bucket_mb"),
-                     "buckets": sum(c.count for c in plan), "tokens_per_s": run["tokens_per_s"],
+                     "buckets": buckets, "tokens_per_s": run["tokens_per_s"],
                      "step_time_median_s": run["step_time_median_s"], "comm_exposed_s": run.get("comm_time_median_s"),
                      "comm_predicted_s": plan_seconds(plan, models) if models else None,
-                     "latency_predicted_s": sum(c.count for c in plan) * models["all_reduce"].alpha_s
+                     "latency_predicted_s": buckets * models["all_reduce"].alpha_s
                      if "all_reduce" in models else None,
                      "ddp_tokens_per_s": ddp, "ratio_to_ddp": ratio, "ratio_to_ddp_low": low, "ratio_to_ddp_high": high,
                      "ratio_to_ddp_noise_low": noisy[0], "ratio_to_ddp_noise_high": noisy[1]})

@@ -148,12 +148,6 @@ def _times(steps: pd.DataFrame) -> dict[tuple[str, str], np.ndarray]:
     return {key: g["step_time_s"].to_numpy() for key, g in ok.groupby(["experiment", "strategy"])}
 
 
-def timing_sigma(tables: dict[str, pd.DataFrame]) -> float:
-    """The measured run-to-run noise of a throughput ratio (0 when the study has no measurement)."""
-    noise = tables.get("timing_noise")
-    return 0.0 if noise is None else run_to_run_sigma(noise)
-
-
 def run_to_run_noise(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     noise = tables.get("timing_noise")
     if noise is None or noise.empty:
@@ -181,7 +175,7 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
             continue
         ranked = sorted(eligible, key=lambda s: np.median(eligible[s]))
         best, second = ranked[:2]
-        ratio, low, high, how = noisy_ratio(eligible[best], eligible[second], timing_sigma(tables))
+        ratio, low, high, how = noisy_ratio(eligible[best], eligible[second], run_to_run_sigma(tables.get("timing_noise")))
         clear = low > 1
         rows.append({"experiment": exp, "goal": "throughput", "choice": best, "versus": second, "ratio": ratio,
                      "ratio_low": low, "ratio_high": high, "decided": clear,
@@ -203,7 +197,7 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def verdicts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    speed = speed_rows(tables["steps"], timing_sigma(tables))
+    speed = speed_rows(tables["steps"], run_to_run_sigma(tables.get("timing_noise")))
     rows = [*speed, growth_row(speed, tables["runs"]), *zero_memory_rows(tables.get("zero_memory")),
             *tp_memory_rows(tables.get("tp_memory_categories"))]
     return pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", kind="stable").reset_index(drop=True)
