@@ -39,3 +39,22 @@ rule all:
     default_target: True
     input:
         rules.render_report.output.html,
+
+
+# Under a cluster executor (profiles/slurm, profiles/kubernetes) only the jobs that compute are
+# submitted: runs, benchmarks, model and data preparation, evaluation. The rest read tables or copy
+# small files and run where snakemake runs.
+LOCAL_RULES = (
+    "all",
+    "render_report",
+    "experiment_settings",
+    "share_reference",
+    "science_splits",
+)
+workflow.localrules(
+    *(
+        r.name
+        for r in workflow.rules
+        if r.name.endswith("_tables") or r.name in LOCAL_RULES
+    )
+)

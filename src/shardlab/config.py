@@ -81,7 +81,47 @@ def resolve_experiment(config: dict, experiment: str, schema: dict | None = None
     exp_schema = copy.deepcopy(exp_schema)
     exp_schema["properties"]["name"] = {"type": "string"}
     validate_against_schema(merged, exp_schema, prefix=f"experiments.{experiment}")
+    resolve_launch(merged["launch"], f"experiments.{experiment}.launch")
     return merged
+
+
+def resolve_launch(launch: dict, where: str) -> None:
+    """Fill in world_size and gpus_per_node from each other and launch.nodes (world = nodes x gpus_per_node),
+    in place; raises ConfigError naming the field when they disagree. 'auto' (count the GPUs at launch)
+    only describes one machine."""
+    nodes, world, per_node = launch.setdefault("nodes", 1), launch.get("world_size"), launch.get("gpus_per_node")
+    if "auto" in (world, per_node) and nodes > 1:
+        field = "gpus_per_node" if per_node == "auto" else "world_size"
+        raise ConfigError(f"{where}.{field}", f"'auto' counts the GPUs of one machine; with nodes: {nodes} give "
+                                              "gpus_per_node as a number")
+    if per_node is None:
+        if world != "auto" and world % nodes:
+            raise ConfigError(f"{where}.nodes", f"world_size {world} does not split evenly over {nodes} nodes")
+        per_node = "auto" if world == "auto" else world // nodes
+    product = "auto" if per_node == "auto" else nodes * per_node
+    if world is not None and world != product:
+        raise ConfigError(f"{where}.world_size", f"{world} is not nodes x gpus_per_node = {nodes} x {per_node}")
+    launch.update(world_size=product, gpus_per_node=per_node)
+
+
+def run_layout(launch: dict, world: int | str, field: str) -> tuple[int, int | str]:
+    """(nodes, processes per node) of a run of `world` processes under a resolved `launch`.
+
+    The topology rule: ranks fill a node before the next one (torchrun numbers node by node), so
+    the innermost, most talkative group of a mesh (tensor parallel) sits inside a node, and the
+    outer ones (pipeline stages, data-parallel replicas) span nodes. A run smaller than the
+    allocation takes as few nodes as it fits on (`single`: one process on one node); a run that
+    does not fill whole nodes evenly is rejected, naming `field`. On one node a strategy may ask for
+    more processes than launch.world_size (strategy_options.<s>.world_size), as before."""
+    cap = launch.get("gpus_per_node", "auto")
+    if world == "auto" or launch.get("nodes", 1) == 1 or cap in (None, "auto"):
+        return 1, world  # one machine (as many processes as the strategy asks); 'auto' is counted at launch
+    per_node = min(int(world), cap)
+    nodes = -(-int(world) // per_node)
+    if int(world) % per_node or nodes > launch.get("nodes", 1):
+        raise ConfigError(field, f"{world} processes do not fill whole nodes of {launch['gpus_per_node']} "
+                                 f"(launch.nodes: {launch.get('nodes', 1)})")
+    return nodes, per_node
 
 
 def check_settings(exp: dict, base_dir: Path | str = ".") -> None:

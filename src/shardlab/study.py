@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from shardlab.science.formats import FORMATS as SCIENCE_FORMATS  # importing registers the text formats
-from shardlab.config import check_settings, load_schema, resolve_experiment, validate_against_schema
+from shardlab.config import check_settings, load_schema, resolve_experiment, run_layout, validate_against_schema
 from shardlab.core.data import TEXT_FORMATS
 from shardlab.errors import ConfigError
 from shardlab.strategies import REGISTRY, SINGLE, get_spec
@@ -74,6 +74,24 @@ def check_experiment(exp: dict, base_dir: Path | str = ".") -> None:
                               f"{', '.join(exp.get('strategies', []))})")
     for name in exp.get("strategies", []):
         REGISTRY[name].check(exp, where)
+        check_placement(exp, name, where)
+
+
+def check_placement(exp: dict, strategy: str, where: str) -> None:
+    """A run fills whole nodes, and its tensor-parallel group stays inside one node unless
+    launch.allow_tp_across_nodes (the rule of `config.run_layout`); raises ConfigError naming the field."""
+    spec = REGISTRY[strategy]
+    world = spec.world_size(exp)
+    field = f"{where}.strategy_options.{strategy}.world_size" if "world_size" in spec.options(exp) else f"{where}.launch.nodes"
+    nodes, per_node = run_layout(exp["launch"], world, field)
+    if spec.family != "tensor parallel" or nodes == 1 or exp["launch"].get("allow_tp_across_nodes"):
+        return
+    tp = int(world) // spec.data_parallel_size(int(world), spec.options(exp))
+    if tp > per_node:
+        raise ConfigError(f"{where}.launch.nodes",
+                          f"'{strategy}' would put its tensor-parallel group of {tp} ranks across {nodes} nodes of "
+                          f"{per_node}; TP belongs inside a node (give the run one node with strategy_options."
+                          f"{strategy}.world_size, or set launch.allow_tp_across_nodes: true)")
 
 
 def _check_unique_names(experiments: dict[str, dict]) -> None:
@@ -116,12 +134,19 @@ def launch_threads(launch: dict, world: int | str) -> int:
     return launch["threads_per_rank"] * (1 if world == "auto" else int(world))
 
 
-def run_resources(exp: dict, strategy: str) -> dict[str, int]:
-    """What a run of `strategy` in `exp` uses: CPU threads, and one GPU per rank when launch.device is
-    cuda ('auto' ranks take every GPU of the machine they land on, so none is requested)."""
+def run_resources(exp: dict, strategy: str) -> dict:
+    """What a run of `strategy` in `exp` uses, per node of its layout (`config.run_layout`): nodes,
+    processes (ranks) per node, CPU threads per node, one GPU per rank when launch.device is cuda ('auto'
+    ranks take every GPU of the machine they land on, so none is requested; `gpus` is the total), and
+    host memory per node (launch.mem_mb_per_rank x ranks; 'auto': one rank's)."""
+    launch = exp["launch"]
     world = REGISTRY[strategy].world_size(exp)
-    gpus = int(world) if exp["launch"]["device"] == "cuda" and world != "auto" else 0
-    return {"threads": launch_threads(exp["launch"], world), "gpus": gpus}
+    nodes, per_node = run_layout(launch, world, f"experiments.{exp['name']}.launch")
+    cuda = launch["device"] == "cuda" and per_node != "auto"
+    ranks = 1 if per_node == "auto" else per_node
+    return {"nodes": nodes, "ranks_per_node": per_node, "threads": launch_threads(launch, per_node),
+            "gpus_per_node": per_node if cuda else 0, "gpus": nodes * per_node if cuda else 0,
+            "mem_mb": launch.get("mem_mb_per_rank", 2000) * ranks}
 
 
 def run_sources(strategy: str) -> list[str]:

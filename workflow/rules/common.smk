@@ -93,6 +93,30 @@ def run_threads(exp, strategy):
     return job_threads(run_resources(EXPERIMENTS[exp], strategy)["threads"])
 
 
+def run_job_resources(exp, strategy):
+    """What a run job asks its executor for, derived from the experiment's launch settings
+    (shardlab.study.run_resources, the layout of shardlab.config.run_layout), never written per rule.
+    One node: `gpu` GPUs (locally a limit for --resources gpu=N; Slurm --gpus, Kubernetes
+    nvidia.com/gpu). Several nodes (Slurm): --nodes, one task per node that the launcher starts with
+    srun (mpi), GPUs per node as gres. tasks_per_gpu=0: a gpu resource would otherwise turn tasks into
+    --ntasks-per-gpu. None leaves a resource unset (the cluster's default)."""
+    r = run_resources(EXPERIMENTS[exp], strategy)
+    several = r["nodes"] > 1
+    return {
+        "nodes": r["nodes"],
+        "tasks": r["nodes"] if several else 1,
+        "mpi": "srun" if several else None,
+        "gpu": r["gpus"] if r["gpus"] and not several else None,
+        "gres": f"gpu:{r['gpus_per_node']}" if r["gpus"] and several else None,
+        "tasks_per_gpu": 0,
+        "mem_mb": r["mem_mb"],
+    }
+
+
+def run_job_resource(name):
+    return lambda w: run_job_resources(w.exp, w.strategy)[name]
+
+
 def topic_inputs(topic, metrics=False):
     """The inputs of a topic's tables, i.e. its runs (and their references) from the registry, those
     experiments' settings and model records, and the table code."""

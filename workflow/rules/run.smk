@@ -33,7 +33,13 @@ rule run_strategy:
     # Locally all cores: runs never overlap, so no run's timings are polluted by another's.
     threads: lambda w: run_threads(w.exp, w.strategy)
     resources:
-        gpu=lambda w: run_resources(EXPERIMENTS[w.exp], w.strategy)["gpus"],
+        nodes=run_job_resource("nodes"),
+        tasks=run_job_resource("tasks"),
+        mpi=run_job_resource("mpi"),
+        gpu=run_job_resource("gpu"),
+        gres=run_job_resource("gres"),
+        tasks_per_gpu=run_job_resource("tasks_per_gpu"),
+        mem_mb=run_job_resource("mem_mb"),
     params:
         model_dir=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
         out=lambda w: run_dir(w.exp, w.strategy),

@@ -17,11 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from shardlab.config import config_hash
+from shardlab.config import config_hash, run_layout
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 from shardlab.runner.failures import failure_outcome
 from shardlab.runner.metrics import attempt_resumes, now, write_json
+from shardlab.runner.nodes import Rendezvous, slurm_job_id, slurm_rendezvous, srun_prefix
 from shardlab.runner.process import Interrupted, console, run_logged
 from shardlab.strategies import get_spec
 
@@ -39,10 +40,29 @@ def resolve_world_size(exp: dict, strategy: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
-def torchrun_command(n_procs: int, run_args: list[str], module: str = "shardlab.runner.worker") -> list[str]:
-    """torchrun's command line for `module`, run by `shardlab.runner.agent` (torchrun without its teardown)."""
-    return [sys.executable, "-m", "shardlab.runner.agent", "--standalone", f"--nproc-per-node={n_procs}",
+def torchrun_command(n_procs: int, run_args: list[str], module: str = "shardlab.runner.worker",
+                     rendezvous: Rendezvous | None = None) -> list[str]:
+    """torchrun's command line for `module`, run by `shardlab.runner.agent` (torchrun without its teardown):
+    `n_procs` ranks on this node, alone (--standalone) or as one of `rendezvous.nodes` agents."""
+    where = ["--standalone"] if rendezvous is None else rendezvous.torchrun_args()
+    return [sys.executable, "-m", "shardlab.runner.agent", *where, f"--nproc-per-node={n_procs}",
             "-m", module, *run_args]
+
+
+def agent_command(exp: dict, world: int, run_args: list[str], restart: int) -> tuple[list[str], str]:
+    """The command that starts a run of `world` ranks, and where it runs (for the log): under Slurm with
+    more than one node of the layout (`config.run_layout`), `srun` one agent per node meeting at this
+    job's rendezvous; otherwise every rank on this machine."""
+    nodes, per_node = run_layout(exp["launch"], world, f"experiments.{exp['name']}.launch.nodes")
+    job = slurm_job_id()
+    if nodes == 1 or job is None:
+        where = "" if nodes == 1 else f" (launch.nodes: {nodes}, but no Slurm job: all on this machine)"
+        return torchrun_command(world, run_args), where
+    rdzv = slurm_rendezvous(nodes, job, restart)
+    gpus = per_node if exp["launch"]["device"] == "cuda" else 0
+    srun = srun_prefix(nodes, per_node * exp["launch"]["threads_per_rank"], gpus)
+    return [*srun, *torchrun_command(per_node, run_args, rendezvous=rdzv)], \
+        f" on {nodes} nodes x {per_node} (Slurm job {job}, rendezvous {rdzv.host}:{rdzv.port})"
 
 
 def attempt_stamp() -> str:
@@ -103,21 +123,22 @@ def launch(exp: dict, exp_config: Path, strategy: str, model_dir: Path, tokens: 
 
 def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base, restart) -> tuple[dict, str | None]:
     """One torchrun of the run in `attempt`: (summary, why it was stopped, if it was)."""
-    try:
-        n_procs = resolve_world_size(exp, strategy)
-        get_spec(strategy).check(exp, f"experiments.{exp['name']}", world=n_procs)
-    except ConfigError as err:
-        (attempt / "run.log").write_text(f"[launch] configuration rejected before launch: {err}\n")
-        return dict(base, status="failed", reason=str(err), world_size=None), None
-    console(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es) -> {attempt}")
     run_args = ["--experiment-config", str(exp_config), "--strategy", strategy, "--model-dir", str(model_dir),
                 "--tokens", str(tokens), "--out", str(attempt)]
     if exp["training"].get("checkpoint_every"):
         run_args += ["--checkpoint-dir", str(checkpoint_dir(out, strategy))]
+    try:
+        n_procs = resolve_world_size(exp, strategy)
+        get_spec(strategy).check(exp, f"experiments.{exp['name']}", world=n_procs)
+        command, where = agent_command(exp, n_procs, run_args, restart)
+    except (ConfigError, RuntimeError) as err:  # RuntimeError: the Slurm allocation could not be read
+        (attempt / "run.log").write_text(f"[launch] rejected before launch: {err}\n")
+        return dict(base, status="failed", reason=str(err), world_size=None), None
+    console(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es){where} -> {attempt}")
     started = time.time()
     env = dict(run_environment(exp), SHARDLAB_RESTART=str(restart), SHARDLAB_LAUNCH_T0=repr(started))
     timeout_s = exp["launch"]["timeout_s"]
-    rc, stopped = run_logged(torchrun_command(n_procs, run_args), attempt / "run.log", env, timeout_s, tag=str(attempt))
+    rc, stopped = run_logged(command, attempt / "run.log", env, timeout_s, tag=str(attempt))
     if rc == 0 and not stopped and (attempt / "summary.json").exists():
         summary = json.loads((attempt / "summary.json").read_text())
         summary.setdefault("startup", {})["launch_wall_s"] = time.time() - started  # torchrun start to exit
