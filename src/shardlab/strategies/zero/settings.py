@@ -57,7 +57,9 @@ def deepspeed_config(rung: str, training: dict, options: dict, dp_size: int, n_p
     s = rung_settings(rung, options)
     local = training["global_batch_size"] // dp_size
     micro = training.get("micro_batch_size") or local
+    # DeepSpeed asserts even bucket sizes (2-byte elements packed 4-byte aligned): round an odd count up.
     bucket = int(s["bucket_size"] or min(500_000_000, n_params))
+    bucket += bucket % 2
     zero = {"stage": s["stage"], "contiguous_gradients": True, "overlap_comm": s["overlap_comm"],
             "reduce_scatter": True, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
     if s["offload_optimizer"] != "none":
