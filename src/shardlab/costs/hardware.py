@@ -34,3 +34,18 @@ def training_flops_per_token(parameters: int, num_layers: int, hidden_size: int,
     score and value products, 12 * layers * hidden * seq_len (Narayanan et al. 2021, eq. 3 without
     the vocabulary term, which the parameters already count)."""
     return 6 * parameters + 12 * num_layers * hidden_size * seq_len
+
+
+def by_name(name: str) -> dict:
+    """The catalog entry called `name`, with the shared efficiencies merged in; a clear error naming
+    the known entries otherwise."""
+    entry = next((a for a in accelerators() if a["name"] == name), None)
+    if entry is None:
+        raise KeyError(f"unknown accelerator {name!r} (catalog {CATALOG.name}: "
+                       f"{', '.join(a['name'] for a in accelerators())})")
+    return {**efficiencies(), **entry}
+
+
+@lru_cache(maxsize=1)
+def efficiencies() -> dict:
+    return dict(yaml.safe_load(CATALOG.read_text())["efficiencies"])

@@ -14,50 +14,113 @@ EMBED, HEAD = "embed", "head"
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A GPT-NeoX (Pythia) shape: untied embedding and LM head, parallel residual, biases everywhere
-    but the head."""
+    """A decoder-only transformer shape. The defaults describe GPT-NeoX (Pythia), the models this
+    project trains: untied embedding and LM head, parallel residual, LayerNorm, biases everywhere but
+    the head, a two-matrix GeLU MLP. The optional fields describe the larger families the planner
+    sizes: grouped-query attention (`num_kv_heads`), SwiGLU MLPs, sequential residual (GPT-3,
+    Llama), bias-free RMSNorm models (`biases=False`), tied embeddings, and mixture-of-experts MLPs
+    (`num_experts` experts of width `expert_intermediate`, `top_k` routed per token)."""
 
     vocab_size: int
     hidden_size: int
     num_layers: int
     num_heads: int
     intermediate_size: int
+    num_kv_heads: int | None = None  # None: as many as query heads
+    mlp: str = "gelu"  # "gelu" (up, down) or "swiglu" (gate, up, down)
+    residual: str = "parallel"  # "parallel" (GPT-NeoX) or "sequential" (GPT-3, Llama)
+    biases: bool = True  # linear-layer biases and LayerNorm (else RMSNorm, weight only)
+    tied_embeddings: bool = False
+    num_experts: int = 0  # 0: dense MLPs
+    top_k: int = 1
+    expert_intermediate: int | None = None  # None: intermediate_size
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelShape:
-        """From a shardlab model config or a Hugging Face config.json."""
+        """From a shardlab model config, a Hugging Face config.json, or a planner scenario (which may
+        name the optional fields directly)."""
         get = lambda *keys: next(d[k] for k in keys if k in d)  # noqa: E731
+        optional = {f: d[f] for f in ("num_kv_heads", "mlp", "residual", "biases", "tied_embeddings",
+                                      "num_experts", "top_k", "expert_intermediate") if f in d}
+        if "num_key_value_heads" in d:
+            optional.setdefault("num_kv_heads", d["num_key_value_heads"])
+        if d.get("tie_word_embeddings"):
+            optional.setdefault("tied_embeddings", True)
         return cls(get("vocab_size"), get("hidden_size"), get("num_layers", "num_hidden_layers"),
-                   get("num_heads", "num_attention_heads"), get("intermediate_size"))
+                   get("num_heads", "num_attention_heads"), get("intermediate_size"), **optional)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the K (or V) projection: kv_heads x head dimension."""
+        return self.kv_heads * (self.hidden_size // self.num_heads)
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
 
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
 
+    def norm_parameters(self) -> int:
+        return (2 if self.biases else 1) * self.hidden_size
+
     def head_parameters(self) -> int:
-        """Final LayerNorm and LM head (no bias)."""
-        return 2 * self.hidden_size + self.hidden_size * self.vocab_size
+        """Final norm and LM head (no bias; shares the embedding's weight when tied)."""
+        return self.norm_parameters() + (0 if self.tied_embeddings else self.hidden_size * self.vocab_size)
+
+    def ffn_parameters(self, width: int) -> int:
+        """One MLP (or one expert) of `width`."""
+        h, bias = self.hidden_size, self.biases
+        up = (self.mlp_matrices - 1) * (h * width + (width if bias else 0))
+        return up + width * h + (h if bias else 0)
 
     def mlp_parameters(self) -> int:
-        h, i = self.hidden_size, self.intermediate_size
-        return (h * i + i) + (i * h + h)
+        """The MLP block of one layer: one dense MLP, or the router and every expert."""
+        if not self.num_experts:
+            return self.ffn_parameters(self.intermediate_size)
+        return self.hidden_size * self.num_experts + self.num_experts * self.expert_parameters()
+
+    def expert_parameters(self) -> int:
+        return self.ffn_parameters(self.expert_intermediate or self.intermediate_size)
+
+    def attention_parameters(self) -> int:
+        h, kv, bias = self.hidden_size, self.kv_width, self.biases
+        qkv = h * (h + 2 * kv) + ((h + 2 * kv) if bias else 0)
+        return qkv + h * h + (h if bias else 0)
 
     def layer_parameters(self) -> int:
-        h = self.hidden_size
-        layer_norms = 2 * 2 * h  # input + post-attention LayerNorm, weight and bias
-        attention = (h * 3 * h + 3 * h) + (h * h + h)  # fused QKV + output projection
-        return layer_norms + attention + self.mlp_parameters()
+        return 2 * self.norm_parameters() + self.attention_parameters() + self.mlp_parameters()
 
     def parameters(self) -> int:
         return self.embedding_parameters() + self.num_layers * self.layer_parameters() + self.head_parameters()
 
+    def active_parameters(self) -> int:
+        """Parameters one token's forward pass uses: top_k experts instead of all of them."""
+        if not self.num_experts:
+            return self.parameters()
+        unused = (self.num_experts - self.top_k) * self.expert_parameters()
+        return self.parameters() - self.num_layers * unused
+
     def tensor_parallel_parameters(self, t: int) -> int:
-        """Parameters one of t Megatron-style shards holds: QKV, the MLP up-projection (weights and
-        biases), both down-projections' weights, the embedding and the head split over t; LayerNorms
-        and the row-parallel biases stay whole."""
-        h, i = self.hidden_size, self.intermediate_size
-        per_layer_split = (3 * h * h + 3 * h) + h * h + (h * i + i) + i * h
-        split = self.num_layers * per_layer_split + self.embedding_parameters() + h * self.vocab_size
+        """Parameters one of t Megatron-style shards holds: QKV, the MLP up-projections (weights and
+        biases), both down-projections' weights, the embedding and the head split over t; norms and
+        the row-parallel biases stay whole. Experts are split over t like dense MLPs."""
+        split = self.num_layers * (self.layer_parameters() - self.layer_parameters_kept_whole())
+        split += self.embedding_parameters() + (0 if self.tied_embeddings else self.hidden_size * self.vocab_size)
         return split // t + self.parameters() - split
+
+    def layer_parameters_kept_whole(self) -> int:
+        """Parameters of one layer that tensor parallelism replicates: the norms, the row-parallel
+        biases (attention output, MLP or expert down-projections) and the router."""
+        h, bias = self.hidden_size, self.biases
+        whole = 2 * self.norm_parameters() + (h if bias else 0)
+        if self.num_experts:
+            return whole + h * self.num_experts + self.num_experts * (h if bias else 0)
+        return whole + (h if bias else 0)
 
 
 @dataclass(frozen=True)
