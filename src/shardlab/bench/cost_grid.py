@@ -87,16 +87,24 @@ def measure_rung(name: str, shape: ModelShape, dtype: str, topo) -> dict:
     from shardlab.strategies import get_spec
 
     model = build_model(shape)
-    tensor_sizes = [p.numel() for p in model.parameters()]
+    tensors = [p.shape for p in model.parameters()]
     strategy = get_spec(name).load()(model, topo, training(dtype, topo.world_size), {})
     inputs, labels = strategy.local_batch(*batch(shape, ROWS_PER_RANK * topo.world_size))
     measured: dict = {}
     loss, _, _ = measured_step(strategy, strategy.micro_batches(inputs, labels), measured, probe=True)
+    steps = adam_steps(strategy)
     teardown(strategy)
     keep = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_by_module")
     return {"rung": name, "shape": shape_name(shape), "dtype": dtype, "rank": topo.rank,
-            "parameters": sum(tensor_sizes), "tensor_sizes": tensor_sizes, "rows": inputs.shape[0],
-            "loss": float(loss), **{k: measured[k] for k in keep}}
+            "parameters": sum(p.numel() for p in tensors), "tensor_shapes": [list(p) for p in tensors],
+            "rows": inputs.shape[0], "loss": float(loss), "adam_steps": steps, **{k: measured[k] for k in keep}}
+
+
+def adam_steps(strategy) -> float | None:
+    """The step count AdamW holds after the measured step: 1, unless an engine stepped on its own."""
+    inner = getattr(strategy.optimizer, "optimizer", strategy.optimizer)  # DeepSpeed wraps the torch optimizer
+    steps = [float(state["step"]) for state in inner.state.values() if "step" in state]
+    return max(steps) if steps else None
 
 
 def shape_name(shape: ModelShape) -> str:

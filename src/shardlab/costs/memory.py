@@ -15,13 +15,28 @@ Gradients are given twice: `grad_bytes` after the reduction at the accumulation 
 rank holds when the step runs; DeepSpeed partitions gradients there from stage 1 on), and
 `grad_peak_bytes` during backward (stages 0-1 hold the full gradient until the reduction, stages 2-3
 one reduce bucket on top of their partition). The planner budgets the peak.
-With optimizer offload at stage 3, DeepSpeed holds two gradient partitions in host memory (its
-partition buffer and the fp32 gradient of the master partition; measured on CPU).
-Padding of DeepSpeed's aligned flat buffers is not modelled (at most a few elements per rank).
+With optimizer offload the CPU optimizer steps an fp32 gradient of the master partition (4 bytes per
+element in bf16 too): stages 1-2 copy their gradients straight into it, stage 3 keeps it beside its
+own gradient partition buffer, both in host memory (measured on CPU).
+
+Exact per rank, given the parameter tensors (`tensors`: their shapes in the model's parameter order,
+e.g. `parameter_shapes(ModelShape)`), as DeepSpeed and FSDP2 really cut them:
+- stages 1-2 flatten all parameters into one buffer padded to a multiple of 2N elements
+  (`nccl_start_alignment_factor` 2 x world size, stage_1_and_2.py) and give rank r the r-th 1/N of it;
+  at the step a rank holds the WHOLE gradient of every tensor that overlaps its partition
+  (`grads_in_partition` is sized by those tensors' full numel), so a tensor straddling a partition
+  boundary is held twice over the ranks: for small or few-tensor models this is the largest error of
+  the even split (+27 % on one grid shape);
+- stage 3 partitions every tensor on its own, ceil(numel / N) elements each (ds_tensor);
+- FSDP2 shards every tensor along dim 0 in torch.chunk's rows, ceil(rows / N) on the first ranks.
+Without `tensors` the split is even (Ψ/N). Optimizer `step` scalars (4 bytes per stepped tensor) are
+not counted.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 
@@ -83,34 +98,102 @@ def unsharded(n_params: float, dtype: str = "fp32", optimizer: str = "adamw") ->
 
 
 def predict(rung: str | ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
-            bucket_elements: float = DEFAULT_BUCKET) -> ModelStates:
+            bucket_elements: float = DEFAULT_BUCKET, tensors: Sequence[Sequence[int]] | None = None,
+            rank: int | None = None) -> ModelStates:
     """Per-rank model-state bytes of a ZeRO `rung` (a name of ZERO_LADDER / FSDP2_RUNGS or its facts)
-    for a model of `n_params` on `ranks` data-parallel ranks."""
+    for a model of `n_params` on `ranks` data-parallel ranks.
+
+    `tensors`: the parameter tensors' shapes in the model's parameter order, for DeepSpeed's padding and
+    partition boundaries and FSDP2's row chunks (then `n_params` is their total); `rank`: which rank
+    (default: the one holding the most). Without `tensors`, the even split."""
     if isinstance(rung, str):
         rung = {**ZERO_LADDER, **FSDP2_RUNGS}[rung]
-    stage, off_opt, off_param, framework = rung.stage, rung.offload_optimizer, rung.offload_param, rung.framework
-    psi, n = float(n_params), ranks
-    moments = MOMENT_BYTES[optimizer]
+    if tensors is not None and rank is None:
+        return max((predict(rung, n_params, ranks, dtype, optimizer, bucket_elements, tensors, r)
+                    for r in range(ranks)), key=lambda states: states.total_bytes)
+    held = Held.even(n_params, ranks) if tensors is None else Held.exact(tensors, ranks, rank or 0)
+    stage, off_opt, framework = rung.stage, rung.offload_optimizer, rung.framework
+    psi, moments = float(n_params), MOMENT_BYTES[optimizer]
     if framework == "fsdp2":
         weight = grad = 4
         master = 0
+        params = grads = state = held.fsdp2_shard
     else:
         weight = grad = 2 if dtype == "bf16" else 4
         master = 4 if (dtype == "bf16" or stage >= 1) else 0  # fp32 stage 0 updates the weights in place
+        params = held.tensor_partition if stage == 3 else held.flat_buffer if stage >= 1 else psi
+        state = held.tensor_partition if stage == 3 else held.flat_partition if stage >= 1 else psi
+        grads = held.tensor_partition if stage == 3 else held.boundary_gradient if stage >= 1 else psi
 
-    params = weight * psi / (n if stage == 3 else 1)
-    grads = grad * psi / (n if stage >= 1 else 1)
-    opt = (master + moments) * psi / (n if stage >= 1 else 1)
+    param_bytes = weight * params
+    grad_bytes = grad * grads
+    opt = (master + moments) * state
     if stage <= 1:
-        grad_peak = grad * psi + (grads if stage == 1 else 0)  # full gradient, then its reduced partition
+        grad_peak = grad * psi + (grad_bytes if stage == 1 else 0)  # full gradient, then its reduced partition
     else:
-        grad_peak = grads + grad * min(bucket_elements, psi)
-    if off_opt and stage == 3:
-        # Measured: DeepSpeed's stage-3 offload keeps its gradient partition buffer AND a separate fp32
-        # gradient of the master partition for the CPU optimizer, both in host memory.
-        grads += 4 * psi / n
-        grad_peak += 4 * psi / n
-    return ModelStates(params, grads, opt, grad_peak, host_bytes(rung, params, grads, opt))
+        grad_peak = grad_bytes + grad * min(bucket_elements, psi)
+    if off_opt:
+        # The CPU optimizer's fp32 gradient of the master partition: stages 1-2 hold only it, stage 3
+        # also its own gradient partition buffer (measured).
+        kept = grad_bytes if stage == 3 else 0.0
+        grad_peak += 4 * state - (grad_bytes - kept)
+        grad_bytes = 4 * state + kept
+    return ModelStates(param_bytes, grad_bytes, opt, grad_peak, host_bytes(rung, param_bytes, grad_bytes, opt))
+
+
+@dataclass(frozen=True)
+class Held:
+    """Elements one rank holds under each framework's cut of the parameters."""
+
+    flat_buffer: float  # DeepSpeed stages 1-2: the whole padded flat parameter buffer
+    flat_partition: float  # ... and this rank's 1/N of it (master weights, moments)
+    boundary_gradient: float  # ... and the gradients of every tensor overlapping that partition
+    tensor_partition: float  # DeepSpeed stage 3: ceil(numel / N) of every tensor
+    fsdp2_shard: float  # FSDP2: this rank's dim-0 chunk of every tensor
+
+    @classmethod
+    def even(cls, n_params: float, ranks: int) -> Held:
+        share = float(n_params) / ranks
+        return cls(float(n_params), share, share, share, share)
+
+    @classmethod
+    def exact(cls, tensors: Sequence[Sequence[int]], ranks: int, rank: int) -> Held:
+        sizes = [math.prod(shape) for shape in tensors]
+        padded = _round_up(sum(sizes), 2 * ranks)  # DeepSpeed's alignment: 2 elements x world size
+        partition = padded // ranks
+        start, stop = rank * partition, (rank + 1) * partition
+        return cls(padded, partition, _overlapping_numel(sizes, start, stop),
+                   sum(math.ceil(n / ranks) for n in sizes), sum(_chunk_numel(s, ranks, rank) for s in tensors))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _overlapping_numel(sizes: list[int], start: int, stop: int) -> int:
+    """Total numel of the tensors (laid out back to back) that overlap [start, stop)."""
+    total, offset = 0, 0
+    for n in sizes:
+        if offset < stop and offset + n > start:
+            total += n
+        offset += n
+    return total
+
+
+def _chunk_numel(shape: Sequence[int], ranks: int, rank: int) -> int:
+    """Elements of torch.chunk(tensor, ranks, dim=0)[rank] (FSDP2's shard; empty past the last row)."""
+    rows = shape[0] if shape else 1
+    per = math.ceil(rows / ranks)
+    mine = max(0, min(per, rows - rank * per))
+    return mine * math.prod(shape[1:])
+
+
+def parameter_shapes(model) -> list[tuple[int, ...]]:
+    """A GPT-NeoX `ModelShape`'s parameter shapes in Hugging Face's parameter order (embedding; per
+    layer: two LayerNorms, QKV, output projection, MLP up and down; final LayerNorm; LM head)."""
+    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
+    layer = [(h,), (h,), (h,), (h,), (3 * h, h), (3 * h,), (h, h), (h,), (i, h), (i,), (h, i), (h,)]
+    return [(v, h), *layer * model.num_layers, (h,), (h,), (v, h)]
 
 
 def host_bytes(rung: ZeroRung, param_bytes: float, grad_bytes: float, optimizer_bytes: float) -> float:

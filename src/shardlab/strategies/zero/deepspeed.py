@@ -5,6 +5,14 @@ micro-batch runs `engine.backward(loss)` then `engine.step()`, and the engine it
 gradient-accumulation boundary has been reached (it scales the loss by 1/accumulation steps and
 reduces/partitions gradients there). The shared loop's `optimizer_step`/`zero_grad` are no-ops.
 
+bf16 at stage 0 is DeepSpeed's FP16_UnfusedOptimizer (its "DDP_BFLOAT16" path; DeepSpeed 0.19 refuses
+fp32 gradient accumulation there, so BF16_Optimizer is not an option). Its constructor runs one
+optimizer step on zero gradients to create the optimizer's state, so AdamW starts counting at step 1:
+every later update uses the bias corrections of the next step (the first is ~0.74x as large) and, with
+weight decay, the master weights are decayed once before training. That, not precision, is why zero0
+in bf16 ends at a different loss than the other rungs (measured: resetting the step count removes the
+difference exactly); `adam_steps` in tests/test_cost_grid.py keeps it in view. Left as DeepSpeed does it.
+
 Memory is counted from what the rank really holds: unique tensor storages (so padding of DeepSpeed's
 flat, aligned buffers is included, and a buffer shared by two roles is counted once), under the
 ZeRO paper's split: parameters, gradients, optimizer state (= fp32 master partition + moments).
@@ -133,7 +141,9 @@ class DeepSpeedZero(Strategy):
     def _master_partitions(self) -> list:
         opt = self._ds_optimizer
         return [*_flatten(getattr(opt, "single_partition_of_fp32_groups", None)),  # stages 1-2
-                *_flatten(getattr(opt, "fp32_partitioned_groups_flat", None))]  # stage 3
+                *_flatten(getattr(opt, "fp32_partitioned_groups_flat", None)),  # stage 3
+                # stage 0 in bf16/fp16: FP16_UnfusedOptimizer's per-tensor fp32 copies (FP16_Optimizer's flat one)
+                *_flatten(getattr(opt, "fp32_groups", None)), *_flatten(getattr(opt, "fp32_groups_flat", None))]
 
     def state_bytes(self) -> dict[str, int]:
         opt = self._ds_optimizer
