@@ -1,27 +1,38 @@
-"""Activation memory per transformer layer, by component: the Korthikanti et al. (2022) formulas,
-the same formulas adapted to what our GPT-NeoX actually saves, and the mapping from the activation
-probe's module names to components. A model of cost: it never feeds back into what a run records.
+"""Activation memory per transformer layer, by component: one formula (`layer_bytes`) that covers the
+Korthikanti et al. (2022) setting and what our GPT-NeoX actually saves, and the mapping from the
+activation probe's module names to components. A model of cost: it never feeds back into what a run
+records.
 
-Symbols: s sequence length, b micro-batch, h hidden size, a heads, t tensor-parallel degree.
+Symbols: s sequence length, b micro-batch, h hidden size, a heads, i intermediate (MLP) width,
+t tensor-parallel degree, v bytes per activation value.
 
-Korthikanti et al. (2-byte activations, 1-byte dropout masks), per layer, without recomputation:
+Korthikanti et al. (sequential residual, eager attention, dropout, v = 2, 1-byte masks, i = 4h), per
+layer without recomputation:
     LayerNorm inputs 4sbh | QKV input 2sbh | attention core 6sbh + 5as^2b (Q, K, V; softmax output;
     softmax dropout mask and output) | output-projection input 2sbh | dropout masks 2sbh |
     MLP 18sbh (input 2, GeLU input 8, GeLU output 8)           = sbh(34 + 5as/h)
     TP keeps LayerNorms, QKV/MLP inputs and dropout masks whole (10sbh) and splits the rest by t;
-    TP+SP splits everything by t.
+    TP+SP splits everything by t; selective recomputation drops the 5as^2b; full keeps the input.
 
-What this model saves instead (fp32, GPT-NeoX with Pythia's parallel residual, SDPA, dropout 0):
-- LayerNorm: both LayerNorms read the SAME residual tensor (parallel residual), so it is saved
-  once (sbh values, not 2sbh), plus each LayerNorm's fp32 mean and rstd (2 x 2sb values).
-- Attention core: no s^2 term. SDPA's CPU/flash kernels never materialise scores or softmax; they
-  save Q and K after RoPE, the fused QKV output (V is a view of it, which keeps all 3sbh alive),
-  the output (sbh) and a logsumexp per (head, token) (asb): 6sbh + asb values.
-- Dropout: p = 0, so torch saves no masks (0 instead of 2sbh).
-- Sequence parallelism: the all-gathered inputs of the column-parallel layers are what the
-  linear layers save. Our hand-written `tp_sp` saves only the sequence shard and re-gathers it in
-  backward (as Megatron-LM does), so it follows the TP+SP formula; DTensor's SequenceParallel
-  keeps the gathered input whole (2 x sbh per layer).
+What our GPT-NeoX saves (Pythia: parallel residual, SDPA, dropout 0; measured by the probe over the
+grid of tests/test_cost_grid.py, transformers 5):
+- LayerNorm: both LayerNorms read the SAME residual tensor (parallel residual), so it is saved once
+  (sbh values, not 2sbh), plus each LayerNorm's mean and rstd per token (`norm_stats_bytes`).
+- Attention core: no s^2 term. SDPA's flash kernels save Q, K, V (Q and K rotated, V copied out of
+  the fused QKV output: new tensors), the output and a float32 logsumexp per (head, token):
+  v sb(h + 2 h kv/a) + v sbh + 4asb. The rotary cos/sin tables (2 s x rotary dims, < 1 % of the core)
+  are left out.
+- MLP: the input, the GeLU input and output, each of width i (not 4h): v sb(h + 2i).
+- Dropout: p = 0, so torch saves no masks.
+- bf16: under `torch.autocast` (how the torch-native strategies run bf16) the residual stream and the
+  LayerNorms stay float32 (the LayerNorm input costs 4 bytes a value), every matmul saves its bf16
+  input AND a bf16 copy of its weight (2 bytes per weight element, per layer, independent of s and b:
+  `autocast=True`); with the module itself in bf16 (DeepSpeed's and FSDP2's bf16) every value is 2
+  bytes and no weight copy is saved. The logsumexp stays float32 in both.
+- Sequence parallelism: the all-gathered inputs of the column-parallel layers are what the linear
+  layers save. Our hand-written `tp_sp` saves only the sequence shard and re-gathers it in backward
+  (as Megatron-LM does), so it follows the TP+SP formula; DTensor's SequenceParallel keeps the
+  gathered input whole (split 'tp_sp_gathered').
 """
 
 from __future__ import annotations
@@ -61,25 +72,92 @@ def measured_per_layer(activation_by_module: dict[str, int], n_layers: int) -> d
     return out
 
 
-def _split(value: float, t: int, sharded: bool) -> float:
-    return value / t if sharded else value
+SPLITS = ("none", "tp", "tp_sp", "tp_sp_gathered")
+RECOMPUTE = ("none", "selective", "full")
+# How the probed runs store values (tests/test_cost_grid.py): fp32; bf16 under torch.autocast (the
+# torch-native strategies); bf16 with the module cast (DeepSpeed, FSDP2; CPU's bf16 LayerNorm keeps
+# bf16 statistics).
+PRECISIONS = {"fp32": {"value_bytes": 4, "autocast": False, "norm_stats_bytes": 4},
+              "bf16_autocast": {"value_bytes": 2, "autocast": True, "norm_stats_bytes": 4},
+              "bf16_cast": {"value_bytes": 2, "autocast": False, "norm_stats_bytes": 2}}
+
+
+def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, split: str = "none",
+                value_bytes: int = 4, residual: str = "parallel", attention: str = "sdpa", dropout: bool = False,
+                recompute: str = "none", mask_bytes: int = 1, kv_heads: int | None = None, mlp: str = "gelu",
+                autocast: bool = False, norm_stats_bytes: int = 0) -> dict[str, float]:
+    """Bytes one transformer layer keeps for backward on one rank, by component (see the module docstring).
+
+    split: 'none' | 'tp' | 'tp_sp' | 'tp_sp_gathered'; residual: 'parallel' (both LayerNorms read one
+    input) | 'sequential'; attention: 'sdpa' (flash-like: logsumexp, no scores) | 'eager' (scores,
+    softmax; dropout's mask and output); recompute: 'none' | 'selective' (the attention core's inputs
+    Q, K, V are kept, the rest recomputed) | 'full' (only the layer input); kv_heads: for GQA;
+    mlp: 'gelu' (GeLU input and output) | 'swiglu' (fused: gate and up outputs, their product);
+    autocast: bf16 compute over fp32 weights (fp32 residual stream, bf16 weight copies);
+    norm_stats_bytes: per LayerNorm statistic value (0: left out, as the paper does)."""
+    _check(split, residual, attention, recompute, mlp)
+    by = _Splitter(t if split != "none" else 1, split)
+    sb, sbh, v = s * b, s * b * h, value_bytes
+    kv_width = h * (kv_heads or a) / a
+    residual_bytes = 4 if autocast else v
+    copy = v if autocast else 0  # bytes per weight element of autocast's saved bf16 weight copies
+    if recompute == "full":
+        return dict(dict.fromkeys(COMPONENTS, 0.0), residual=by.sp(residual_bytes * sbh))
+    inputs = 1 if residual == "parallel" else 2
+    up = 3 if mlp == "swiglu" else 2  # matrices from h to i (gate, up) and saved tensors of width i
+    qkv_width = h + 2 * kv_width
+    core = v * sb * qkv_width
+    if recompute == "none":
+        core += _attention_saved(s, b, h, a, v, attention, dropout, mask_bytes)
+    return {
+        "layernorm": by.sp(inputs * residual_bytes * sbh + 2 * 2 * sb * norm_stats_bytes),
+        "qkv": by.column_input(v * sbh) + by.tp(copy * h * qkv_width),
+        "attention_core": by.tp(core),
+        "attention_projection": by.tp(v * sbh + copy * h * h),
+        "dropout": by.sp(2 * mask_bytes * sbh) if dropout else 0.0,
+        "mlp": by.column_input(v * sbh) + by.tp(up * v * sb * intermediate + copy * up * h * intermediate),
+        "residual": 0.0,
+    }
+
+
+def _attention_saved(s: int, b: int, h: int, a: int, v: int, attention: str, dropout: bool,
+                     mask_bytes: int) -> float:
+    """What the attention core saves beyond Q, K, V."""
+    if attention == "sdpa":
+        return v * s * b * h + 4 * a * s * b  # output, float32 logsumexp per (head, token)
+    scores = a * s * s * b
+    return v * scores + ((mask_bytes + v) * scores if dropout else 0)  # softmax output; dropout mask, output
+
+
+class _Splitter:
+    """Which tensors a tensor-parallel split divides by t."""
+
+    def __init__(self, t: int, split: str):
+        self.t, self.split = t, split
+
+    def tp(self, value: float) -> float:  # heads / MLP width: split under any TP
+        return value / self.t
+
+    def sp(self, value: float) -> float:  # the residual stream: split only under sequence parallelism
+        return value / self.t if self.split.startswith("tp_sp") else value
+
+    def column_input(self, value: float) -> float:  # kept whole when SP's gathered input is saved
+        return value / self.t if self.split == "tp_sp" else value
+
+
+def _check(split: str, residual: str, attention: str, recompute: str, mlp: str) -> None:
+    for name, value, known in [("split", split, SPLITS), ("residual", residual, ("parallel", "sequential")),
+                               ("attention", attention, ("sdpa", "eager")), ("recompute", recompute, RECOMPUTE),
+                               ("mlp", mlp, ("gelu", "swiglu"))]:
+        if value not in known:
+            raise ValueError(f"unknown {name} {value!r} (known: {', '.join(known)})")
 
 
 def korthikanti_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none",
                           value_bytes: int = 2, mask_bytes: int = 1) -> dict[str, float]:
     """The paper's per-layer activation bytes by component. mode: 'none' (no TP), 'tp', 'tp_sp'."""
-    sbh, as2b = s * b * h, a * s * s * b
-    tp, sp = mode in ("tp", "tp_sp"), mode == "tp_sp"
-    v, m = value_bytes, mask_bytes
-    return {
-        "layernorm": _split(2 * v * sbh, t, sp),
-        "qkv": _split(v * sbh, t, sp),
-        "attention_core": _split(3 * v * sbh + 2 * v * as2b + m * as2b, t, tp),
-        "attention_projection": _split(v * sbh, t, tp),
-        "dropout": _split(2 * m * sbh, t, sp),
-        "mlp": _split(v * sbh, t, sp) + _split(8 * v * sbh, t, tp),
-        "residual": 0.0,
-    }
+    return layer_bytes(s, b, h, a, 4 * h, t, mode, value_bytes, residual="sequential", attention="eager",
+                       dropout=True, mask_bytes=mask_bytes)
 
 
 def korthikanti_total(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none") -> float:
@@ -94,29 +172,22 @@ def korthikanti_total(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "n
 
 
 def this_model_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none",
-                         value_bytes: int = 4, gathered_inputs_saved: bool = False) -> dict[str, float]:
+                         value_bytes: int = 4, gathered_inputs_saved: bool = False, intermediate: int | None = None,
+                         precision: str | None = None) -> dict[str, float]:
     """Per-layer bytes this GPT-NeoX saves (see the module docstring). `gathered_inputs_saved`: under
-    SP, the column-parallel layers keep the all-gathered (whole-sequence) input (DTensor's behaviour)."""
-    sbh, v = s * b * h, value_bytes
-    tp, sp = mode in ("tp", "tp_sp"), mode == "tp_sp"
-    column_input_sharded = sp and not gathered_inputs_saved
-    return {
-        "layernorm": _split(v * sbh + 2 * 2 * 4 * s * b, t, sp),
-        "qkv": _split(v * sbh, t, column_input_sharded),
-        "attention_core": _split(6 * v * sbh + 4 * a * s * b, t, tp),
-        "attention_projection": _split(v * sbh, t, tp),
-        "dropout": 0.0,
-        "mlp": _split(v * sbh, t, column_input_sharded) + _split(8 * v * sbh, t, tp),
-        "residual": 0.0,
-    }
+    SP, the column-parallel layers keep the all-gathered (whole-sequence) input (DTensor's behaviour);
+    `intermediate`: the MLP width (default 4h); `precision`: a key of PRECISIONS (default: fp32 values
+    of `value_bytes`)."""
+    split = "tp_sp_gathered" if mode == "tp_sp" and gathered_inputs_saved else mode
+    how = PRECISIONS[precision] if precision else dict(PRECISIONS["fp32"], value_bytes=value_bytes)
+    return layer_bytes(s, b, h, a, intermediate or 4 * h, t, split, **how)
 
 
 # Components whose assumptions hold in this model, so the paper's formula (with fp32 values) applies.
 MATCHING_COMPONENTS = ["qkv", "attention_projection", "mlp"]
 
-# A strategy's `activation_split` (registry) -> how it splits a layer's activations:
+# A strategy's `activation_split` (registry, one of SPLITS) -> how it splits a layer's activations:
 # the paper's mode ("none", "tp", "tp_sp") and whether SP keeps the gathered column inputs whole.
-SPLITS = ("none", "tp", "tp_sp", "tp_sp_gathered")
 
 
 def paper_mode(split: str) -> str:
@@ -127,23 +198,34 @@ def paper_mode(split: str) -> str:
 
 
 def comparison_rows(split: str, activation_by_module: dict[str, int], dims: dict, t: int) -> list[dict]:
-    """One row per component: measured vs the paper (fp32-scaled) vs this model's formula.
+    """One row per component: measured vs the paper (scaled to the run's value bytes) vs this model's formula.
 
     split: the strategy's `activation_split`; dims: s, b (the probed micro-batch on this rank), h, a,
-    n_layers; t: the run's world size (the TP degree when the split is not 'none')."""
+    n_layers, and optionally intermediate (default 4h) and precision (a key of PRECISIONS, default
+    fp32); t: the run's world size (the TP degree when the split is not 'none')."""
     mode = paper_mode(split)
     t = t if mode != "none" else 1
     s, b, h, a = dims["s"], dims["b"], dims["h"], dims["a"]
+    intermediate, precision = dims.get("intermediate", 4 * h), PRECISIONS[dims.get("precision", "fp32")]
     measured = measured_per_layer(activation_by_module, dims["n_layers"])
-    paper = korthikanti_per_layer(s, b, h, a, t, mode, value_bytes=4, mask_bytes=1)
-    gathered_inputs_saved = split == "tp_sp_gathered"
-    ours = this_model_per_layer(s, b, h, a, t, mode, gathered_inputs_saved=gathered_inputs_saved)
-    # Kept whole, the gathered inputs of the column layers break the paper's TP+SP split of qkv and mlp.
-    holds = [c for c in MATCHING_COMPONENTS if not (gathered_inputs_saved and c in ("qkv", "mlp"))]
+    paper = korthikanti_per_layer(s, b, h, a, t, mode, value_bytes=precision["value_bytes"], mask_bytes=1)
+    ours = layer_bytes(s, b, h, a, intermediate, t, split, **precision)
     rows = []
     for component in COMPONENTS:
         rows.append({"mode": mode, "tp": t, "component": component,
                      "measured_bytes": measured[component], "paper_formula_bytes": paper[component],
                      "model_formula_bytes": ours[component],
-                     "paper_assumptions_hold": component in holds})
+                     "paper_assumptions_hold": component in paper_components(split, intermediate == 4 * h,
+                                                                             precision["autocast"])})
     return rows
+
+
+def paper_components(split: str, mlp_is_4h: bool, autocast: bool) -> list[str]:
+    """Components where the paper's formula describes this model: none under autocast (its saved bf16
+    weight copies are not in the paper); the MLP only at width 4h; under 'tp_sp_gathered' neither qkv nor
+    the MLP (the gathered inputs of the column layers are kept whole)."""
+    if autocast:
+        return []
+    broken = {"mlp"} if not mlp_is_4h else set()
+    broken |= {"qkv", "mlp"} if split == "tp_sp_gathered" else set()
+    return [c for c in MATCHING_COMPONENTS if c not in broken]
