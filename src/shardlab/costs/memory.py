@@ -48,7 +48,7 @@ class ZeroRung:
     stage: int
     offload_optimizer: bool = False
     offload_param: bool = False
-    framework: str = "deepspeed"  # or "fsdp2": fp32 shards, no master copy
+    framework: str = "deepspeed"  # or "fsdp2": fp32 shards, no master copy; or "megatron" (planner only)
 
 
 # The ZeRO ladder, the one definition of each rung (the registry's zero specs and the DeepSpeed
@@ -118,6 +118,13 @@ def predict(rung: str | ZeroRung, n_params: float, ranks: int, dtype: str = "bf1
         weight = grad = 4
         master = 0
         params = grads = state = held.fsdp2_shard
+    elif framework == "megatron":
+        # Megatron-LM's mixed precision: compute-dtype weights, fp32 main gradients (whole: its
+        # distributed optimizer, stage 1, reduce-scatters inside the same buffer), fp32 master copy
+        # and moments sharded by the distributed optimizer: 18 bytes, or 6 + 12/N.
+        weight, grad, master = (2, 4, 4) if dtype == "bf16" else (4, 4, 0)
+        params = grads = psi
+        state = held.flat_partition if stage >= 1 else psi
     else:
         weight = grad = 2 if dtype == "bf16" else 4
         master = 4 if (dtype == "bf16" or stage >= 1) else 0  # fp32 stage 0 updates the weights in place
@@ -128,7 +135,9 @@ def predict(rung: str | ZeroRung, n_params: float, ranks: int, dtype: str = "bf1
     param_bytes = weight * params
     grad_bytes = grad * grads
     opt = (master + moments) * state
-    if stage <= 1:
+    if framework == "megatron":
+        grad_peak = grad_bytes
+    elif stage <= 1:
         grad_peak = grad * psi + (grad_bytes if stage == 1 else 0)  # full gradient, then its reduced partition
     else:
         grad_peak = grad_bytes + grad * min(bucket_elements, psi)
