@@ -93,6 +93,17 @@ def run_threads(exp, strategy):
     return job_threads(run_resources(EXPERIMENTS[exp], strategy)["threads"])
 
 
+# Executors that can give one job several nodes (the launcher starts one torchrun agent per node with
+# srun). The local executor runs a multi-node experiment's ranks on this machine (torchrun --standalone);
+# the Kubernetes executor runs one pod per job, so it cannot.
+MULTI_NODE_EXECUTORS = ("slurm", "slurm-jobstep", "local", "dryrun", "touch")
+
+
+def executor_name():
+    plugin = workflow.executor_plugin
+    return plugin.cli_prefix if plugin is not None else "local"
+
+
 def run_job_resources(exp, strategy):
     """What a run job asks its executor for, derived from the experiment's launch settings
     (shardlab.study.run_resources, the layout of shardlab.config.run_layout), never written per rule.
@@ -102,6 +113,12 @@ def run_job_resources(exp, strategy):
     --ntasks-per-gpu. None leaves a resource unset (the cluster's default)."""
     r = run_resources(EXPERIMENTS[exp], strategy)
     several = r["nodes"] > 1
+    if several and executor_name() not in MULTI_NODE_EXECUTORS:
+        raise WorkflowError(
+            f"experiments.{exp}: '{strategy}' runs on {r['nodes']} nodes, but the {executor_name()} executor "
+            f"starts each job on one machine (multi-node runs need: {', '.join(MULTI_NODE_EXECUTORS)}; "
+            "locally set launch.nodes: 1)"
+        )
     return {
         "nodes": r["nodes"],
         "tasks": r["nodes"] if several else 1,

@@ -132,7 +132,7 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
         get_spec(strategy).check(exp, f"experiments.{exp['name']}", world=n_procs)
         command, where = agent_command(exp, n_procs, run_args, restart)
     except (ConfigError, RuntimeError) as err:  # RuntimeError: the Slurm allocation could not be read
-        (attempt / "run.log").write_text(f"[launch] rejected before launch: {err}\n")
+        (attempt / "run.log").write_text(f"[launch] configuration rejected before launch: {err}\n")
         return dict(base, status="failed", reason=str(err), world_size=None), None
     console(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es){where} -> {attempt}")
     started = time.time()
