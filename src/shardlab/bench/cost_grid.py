@@ -73,11 +73,17 @@ def batch(shape: ModelShape, rows: int, seed: int = 1) -> tuple[torch.Tensor, to
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+_LINEAR = torch.nn.functional.linear
+
+
 def teardown(strategy) -> None:
-    """Free an engine before the next: DeepSpeed's hooks and buffers, FSDP2's shards."""
+    """Free an engine before the next: DeepSpeed's hooks and buffers, FSDP2's shards. ZeRO-3 replaces
+    torch.nn.functional.linear for the whole process ("persists unless manually reset"), which changes
+    what later autocast runs save; a run of the study is its own process, so restore it."""
     engine = getattr(strategy, "engine", None)
     if engine is not None and hasattr(engine, "destroy"):
         engine.destroy()
+    torch.nn.functional.linear = _LINEAR
     gc.collect()
 
 
@@ -116,6 +122,16 @@ def grid_points(world: int) -> list[tuple[str, ModelShape, str]]:
     tp = [(split, shape, dtype) for shape in GRID.values() for split, dtypes in TP_SPLITS.items() for dtype in dtypes
           if tp_divides(shape, world)]
     return points + tp
+
+
+def run_precision(strategy: str, dtype: str) -> str:
+    """How a run of `strategy` stores bf16 values (a key of costs.activations.PRECISIONS): DeepSpeed and
+    FSDP2 (the ZeRO ladder) cast the module to bf16, the other strategies use torch.autocast."""
+    from shardlab.strategies import REGISTRY
+
+    if dtype == "fp32":
+        return "fp32"
+    return "bf16_cast" if REGISTRY[strategy].zero is not None else "bf16_autocast"
 
 
 def tp_divides(shape: ModelShape, t: int) -> bool:

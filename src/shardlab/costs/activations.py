@@ -18,10 +18,12 @@ What our GPT-NeoX saves (Pythia: parallel residual, SDPA, dropout 0; measured by
 grid of tests/test_cost_grid.py, transformers 5):
 - LayerNorm: both LayerNorms read the SAME residual tensor (parallel residual), so it is saved once
   (sbh values, not 2sbh), plus each LayerNorm's mean and rstd per token (`norm_stats_bytes`).
-- Attention core: no s^2 term. SDPA's flash kernels save Q, K, V (Q and K rotated, V copied out of
-  the fused QKV output: new tensors), the output and a float32 logsumexp per (head, token):
-  v sb(h + 2 h kv/a) + v sbh + 4asb. The rotary cos/sin tables (2 s x rotary dims, < 1 % of the core)
-  are left out.
+- Attention core: no s^2 term. SDPA's flash kernels save Q and K after the rotary embedding (new
+  tensors), V (a view of the fused QKV output, which keeps all of it alive), the output and a float32
+  logsumexp per (head, token): v sb(h + kvw) + v sb(h + 2kvw) + v sbh + 4asb with kvw = h kv/a, i.e.
+  6 v sbh + 4asb without GQA (as with Megatron's fused QKV and RoPE). The rotary cos/sin tables
+  (2 s x rotary dims, < 1 % of the core) are left out. (With `use_cache=True` transformers copies K
+  and V into its cache instead; training runs turn the cache off.)
 - MLP: the input, the GeLU input and output, each of width i (not 4h): v sb(h + 2i).
 - Dropout: p = 0, so torch saves no masks.
 - bf16: under `torch.autocast` (how the torch-native strategies run bf16) the residual stream and the
@@ -106,9 +108,9 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     inputs = 1 if residual == "parallel" else 2
     up = 3 if mlp == "swiglu" else 2  # matrices from h to i (gate, up) and saved tensors of width i
     qkv_width = h + 2 * kv_width
-    core = v * sb * qkv_width
+    core = v * sb * qkv_width  # Q, K, V (the paper's count; under SDPA: the fused QKV output, see below)
     if recompute == "none":
-        core += _attention_saved(s, b, h, a, v, attention, dropout, mask_bytes)
+        core += _attention_saved(s, b, h, a, v, attention, dropout, mask_bytes, kv_width)
     return {
         "layernorm": by.sp(inputs * residual_bytes * sbh + 2 * 2 * sb * norm_stats_bytes),
         "qkv": by.column_input(v * sbh) + by.tp(copy * h * qkv_width),
@@ -121,10 +123,12 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
 
 
 def _attention_saved(s: int, b: int, h: int, a: int, v: int, attention: str, dropout: bool,
-                     mask_bytes: int) -> float:
+                     mask_bytes: int, kv_width: float) -> float:
     """What the attention core saves beyond Q, K, V."""
     if attention == "sdpa":
-        return v * s * b * h + 4 * a * s * b  # output, float32 logsumexp per (head, token)
+        # V is a view of the fused QKV output (kept whole); rotary makes new Q and K; the output and a
+        # float32 logsumexp per (head, token).
+        return v * s * b * (h + kv_width) + v * s * b * h + 4 * a * s * b
     scores = a * s * s * b
     return v * scores + ((mask_bytes + v) * scores if dropout else 0)  # softmax output; dropout mask, output
 
