@@ -106,7 +106,9 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     if recompute == "full":
         return dict(dict.fromkeys(COMPONENTS, 0.0), residual=by.sp(residual_bytes * sbh))
     inputs = 1 if residual == "parallel" else 2
-    up = 3 if mlp == "swiglu" else 2  # matrices from h to i (gate, up) and saved tensors of width i
+    # Saved width-i tensors (GeLU: its input and output; fused SwiGLU: gate, up, their product), and as
+    # many weight matrices of h x i (up, down; gate, up, down).
+    wide = 3 if mlp == "swiglu" else 2
     qkv_width = h + 2 * kv_width
     core = v * sb * qkv_width  # Q, K, V (the paper's count; under SDPA: the fused QKV output, see below)
     if recompute == "none":
@@ -117,7 +119,7 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
         "attention_core": by.tp(core),
         "attention_projection": by.tp(v * sbh + copy * h * h),
         "dropout": by.sp(2 * mask_bytes * sbh) if dropout else 0.0,
-        "mlp": by.column_input(v * sbh) + by.tp(up * v * sb * intermediate + copy * up * h * intermediate),
+        "mlp": by.column_input(v * sbh) + by.tp(wide * v * sb * intermediate + copy * wide * h * intermediate),
         "residual": 0.0,
     }
 
