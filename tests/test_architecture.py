@@ -31,7 +31,7 @@ ALLOWED = {
     "science": {"errors", "config", "core"},
     "tables": {"errors", "config", "core", "costs", "strategies", "science"},
     "reporting": set(),
-    "study": {"errors", "config", "core", "strategies", "science"},
+    "study": {"errors", "config", "core", "costs", "strategies", "science"},
     "prepare": {"errors", "core", "science"},
     "__main__": set(),  # dispatches by name (importlib), imports no command module
     "__init__": set(),

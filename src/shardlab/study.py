@@ -188,12 +188,23 @@ def check_report(config: dict, base_dir: Path | str) -> None:
                                                  f"--out {noise}, or set it to '' to judge on within-run noise alone)")
 
 
+def check_planning(config: dict) -> None:
+    """Every planning scenario names a known model and accelerator (costs/models.yaml, hardware.yaml)."""
+    from shardlab.costs.planner import scenarios
+
+    names = [s.name for s in scenarios(config["planning"])]
+    ladder = config["planning"].get("zero_ladder")
+    if ladder and ladder["scenario"] not in names:
+        raise ConfigError("planning.zero_ladder.scenario", f"no scenario named {ladder['scenario']!r} (scenarios: {names})")
+
+
 def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     """Validate the whole config (schema defaults filled in place) and resolve its experiments."""
     schema = load_schema()
     validate_against_schema(config, schema)
     check_output_dirs(config, base_dir)
     check_report(config, base_dir)
+    check_planning(config)
     experiments = {name: resolve_experiment(config, name, schema) for name in config["experiments"]}
     for exp in experiments.values():
         check_experiment(exp, base_dir)

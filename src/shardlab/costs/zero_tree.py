@@ -1,6 +1,7 @@
 """The ZeRO decision tree: pick a rung from model size, device memory and device count.
 
-Derived from `shardlab.costs.memory`: walk the ladder from the cheapest communication to the most
+A view of the planner's memory model (`costs.rank_memory.model_states` of a pure data-parallel
+plan, which is `costs.memory`'s accounting): walk the ladder from the cheapest communication to the most
 (ZeRO-0/1/2 move 2Ψ per step like plain data parallelism, ZeRO-3 1.5x that, offload adds host
 transfers and a CPU optimizer step) and take the first rung whose model states at their peak fit in
 the device memory left after a margin for activations, communication buckets and allocator
@@ -14,7 +15,9 @@ from __future__ import annotations
 import argparse
 import re
 
-from shardlab.costs.memory import ZERO_LADDER, predict
+from shardlab.costs.memory import ZERO_LADDER, ZeroRung
+from shardlab.costs.plan import Plan
+from shardlab.costs.rank_memory import model_states
 
 DEFAULT_HEADROOM = 0.25
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -34,7 +37,7 @@ def feasibility(n_params: float, gpus: int, gpu_mem: float, dtype: str = "bf16",
     budget = gpu_mem * (1 - headroom)
     rows = []
     for rung in ZERO_LADDER:
-        states = predict(rung, n_params, gpus, dtype, optimizer)
+        states = model_states(data_parallel_plan(ZERO_LADDER[rung], gpus, dtype, optimizer), n_params, 0)
         host_needed = states.offloaded_bytes * gpus  # every rank's offloaded share lives on the same host
         fits_device = states.device_peak_bytes <= budget
         fits_host = host_mem is None or host_needed <= host_mem
@@ -44,6 +47,12 @@ def feasibility(n_params: float, gpus: int, gpu_mem: float, dtype: str = "bf16",
                              "model states exceed the device budget" if not fits_device else
                              "offloaded state exceeds host memory")})
     return rows
+
+
+def data_parallel_plan(rung: ZeroRung, gpus: int, dtype: str, optimizer: str) -> Plan:
+    """The planner's plan for a rung of the ladder: every device a data-parallel rank."""
+    offload = "optimizer+params" if rung.offload_param else "optimizer" if rung.offload_optimizer else "none"
+    return Plan(dp=gpus, zero=rung.stage, offload=offload, framework=rung.framework, dtype=dtype, optimizer=optimizer)
 
 
 def choose(rows: list[dict]) -> str | None:

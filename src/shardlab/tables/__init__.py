@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "communication",
-          "science", "verdicts")
+          "science", "verdicts", "planning")
 
 
 @dataclass
@@ -35,9 +35,10 @@ class TableInputs:
     experiments: dict[str, dict] = field(default_factory=dict)
     models: dict[str, dict] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)  # config blocks a topic reads (e.g. `planning`)
 
     @classmethod
-    def read(cls, summaries=(), metrics=(), experiments=(), models=(), tables=()) -> TableInputs:
+    def read(cls, summaries=(), metrics=(), experiments=(), models=(), tables=(), settings=None) -> TableInputs:
         if metrics and len(metrics) != len(summaries):
             raise ValueError(f"{len(metrics)} step logs for {len(summaries)} run summaries: give one per run, same order")
         runs = [json.loads(Path(p).read_text()) for p in summaries]
@@ -45,7 +46,7 @@ class TableInputs:
             run["step_log"] = [json.loads(line) for line in Path(steps).read_text().splitlines() if line.strip()]
         return cls(runs, {e["name"]: e for e in map(_read_json, experiments)},
                    {m["name"]: m for m in map(_read_json, models)},
-                   {Path(p).stem: pd.read_csv(p) for p in tables})
+                   {Path(p).stem: pd.read_csv(p) for p in tables}, json.loads(settings or "{}"))
 
     def experiment(self, summary: dict) -> dict:
         return self.experiments[summary["experiment"]]
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiments", type=Path, nargs="*", default=[], help="results/<exp>/experiment.json")
     parser.add_argument("--models", type=Path, nargs="*", default=[], help="resources/models/<name>/shardlab_model.json")
     parser.add_argument("--tables", type=Path, nargs="*", default=[], help="other tables the topic reads (CSV)")
+    parser.add_argument("--settings", default=None, help="config blocks the topic reads, as JSON (e.g. planning)")
     args = parser.parse_args(argv)
-    inputs = TableInputs.read(args.summaries, args.metrics, args.experiments, args.models, args.tables)
+    inputs = TableInputs.read(args.summaries, args.metrics, args.experiments, args.models, args.tables, args.settings)
     write_tables(build(args.topic, inputs), args.out_dir)
     return 0

@@ -1,0 +1,177 @@
+"""A parallel training plan, the cluster it runs on, and whether the plan can run at all.
+
+A plan places `world = dp x tp x pp x cp` ranks (Megatron's order, innermost first: tensor,
+context, data, pipeline; expert parallelism is carved out of the dp x cp ranks, as in Megatron-Core):
+
+- tp with or without sequence parallelism (`sp`), pp with a schedule and `virtual_stages` chunks per
+  rank (interleaved 1F1B), cp (ring attention), ep (experts split over ranks);
+- `zero` 0-3: how the data-parallel group shards optimizer state (1), gradients (2), parameters (3);
+  `framework` says whose accounting (DeepSpeed, FSDP2, or Megatron's fp32-gradient mixed precision,
+  where `zero` = 1 is its distributed optimizer); `offload` moves optimizer state (and at stage 3
+  parameters) to host memory;
+- micro-batch rows per rank, activation recompute none/selective/full, dtype, and an attention
+  kernel that stores the score matrix ("eager") or not ("flash").
+
+`rejection` says why a plan cannot run (a divisibility, the batch, a placement), naming the field,
+before any cost is computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from shardlab.costs import hardware
+from shardlab.costs.shapes import ModelShape
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+OFFLOAD = ("none", "optimizer", "optimizer+params")
+FRAMEWORKS = ("deepspeed", "fsdp2", "megatron")
+ATTENTION = ("flash", "eager")
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class Plan:
+    dp: int = 1
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    framework: str = "deepspeed"
+    offload: str = "none"
+    micro_batch: int = 1
+    recompute: str = "none"
+    dtype: str = "bf16"
+    attention: str = "flash"
+    optimizer: str = "adamw"
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def value_bytes(self) -> int:
+        return 4 if self.dtype == "fp32" else 2
+
+    def label(self) -> str:
+        parts = [f"dp{self.dp}", f"tp{self.tp}{'+sp' if self.sp else ''}", f"pp{self.pp}"]
+        if self.pp > 1:
+            parts.append(self.schedule + (f"(v{self.virtual_stages})" if self.virtual_stages > 1 else ""))
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"{self.framework}-z{self.zero}", f"mb{self.micro_batch}", f"rc:{self.recompute}"]
+        parts += [f"off:{self.offload}"] if self.offload != "none" else []
+        return " ".join(parts)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown plan field(s): {', '.join(sorted(unknown))} "
+                             f"(known: {', '.join(cls.__dataclass_fields__)})")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`nodes` x `gpus_per_node` devices of one catalog accelerator (costs/hardware.yaml)."""
+
+    accelerator: str
+    nodes: int
+    gpus_per_node: int = 8
+    host_memory_gb: float | None = None  # per node; None: unlimited (offload never rejected for it)
+    overrides: dict = field(default_factory=dict)  # what-ifs: e.g. {"network_gbps": 100}
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def device(self) -> dict:
+        entry = hardware.by_name(self.accelerator)
+        return {**entry, **self.overrides}
+
+    def device_figures(self) -> dict:
+        """The accelerator's catalog figures with the what-if overrides and this cluster's node size."""
+        return {**self.device, "gpus_per_node": self.gpus_per_node}
+
+    def scaled(self, **factors: float) -> Cluster:
+        """A what-if: the same cluster with some catalog figures multiplied (e.g. network_gbps=2)."""
+        device = self.device
+        return replace(self, overrides={**self.overrides, **{k: device[k] * f for k, f in factors.items()}})
+
+
+@dataclass(frozen=True)
+class Workload:
+    global_batch: int  # sequences per optimizer step
+    seq_len: int
+
+
+def micro_batches(plan: Plan, workload: Workload) -> int:
+    """Micro-batches each data-parallel replica runs per step (gradient accumulation x pipeline)."""
+    return workload.global_batch // (plan.dp * plan.micro_batch)
+
+
+def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload) -> str | None:
+    """Why `plan` cannot run `model` on `cluster` at `workload` (the first reason, starting with the
+    field at fault), or None. A plain chain of ifs: the search calls it for every candidate."""
+    p, w = plan, workload
+    if p.schedule not in SCHEDULES:
+        return f"schedule: {p.schedule!r} is not one of {SCHEDULES}"
+    if p.recompute not in RECOMPUTE:
+        return f"recompute: {p.recompute!r} is not one of {RECOMPUTE}"
+    if p.offload not in OFFLOAD:
+        return f"offload: {p.offload!r} is not one of {OFFLOAD}"
+    if p.framework not in FRAMEWORKS:
+        return f"framework: {p.framework!r} is not one of {FRAMEWORKS}"
+    if p.attention not in ATTENTION:
+        return f"attention: {p.attention!r} is not one of {ATTENTION}"
+    if p.dtype not in DTYPES:
+        return f"dtype: {p.dtype!r} is not one of {DTYPES}"
+    if p.zero not in (0, 1, 2, 3):
+        return f"zero: {p.zero} is not a ZeRO stage 0-3"
+    if min(p.dp, p.tp, p.pp, p.cp, p.ep, p.micro_batch, p.virtual_stages) < 1:
+        return "dp/tp/pp/cp/ep/micro_batch/virtual_stages: every degree must be >= 1"
+    if p.world != cluster.gpus:
+        return f"world: dp*tp*pp*cp = {p.world} is not the cluster's {cluster.gpus} GPUs"
+    if p.tp > cluster.gpus_per_node:
+        return f"tp: {p.tp} ranks would span nodes ({cluster.gpus_per_node} GPUs per node)"
+    if model.num_heads % p.tp:
+        return f"tp: {model.num_heads} heads are not divisible by tp={p.tp}"
+    if model.kv_heads % p.tp and p.tp % model.kv_heads:
+        return f"tp: {model.kv_heads} KV heads do not split over tp={p.tp}"
+    if p.sp and p.tp == 1:
+        return "sp: sequence parallelism needs tp > 1"
+    if w.seq_len % (p.cp * (p.tp if p.sp else 1)):
+        return f"cp: sequence {w.seq_len} is not divisible by cp={p.cp}{' x tp' if p.sp else ''}"
+    if p.pp == 1 and (p.schedule == "interleaved" or p.virtual_stages > 1):
+        return "schedule: a single pipeline stage has no schedule to interleave"
+    if (p.schedule == "interleaved") != (p.virtual_stages > 1) and p.pp > 1:
+        return f"virtual_stages: {p.virtual_stages} chunks per rank go with (and only with) the interleaved schedule"
+    if model.num_layers < p.pp * p.virtual_stages:
+        return f"pp: {model.num_layers} layers cannot fill {p.pp * p.virtual_stages} pipeline stages"
+    if p.ep > 1 and (not model.num_experts or model.num_experts % p.ep):
+        return f"ep: {model.num_experts} experts are not divisible by ep={p.ep}"
+    if (p.dp * p.cp) % p.ep:
+        return f"ep: ep={p.ep} must divide the dp x cp = {p.dp * p.cp} ranks it is carved from"
+    if w.global_batch % (p.dp * p.micro_batch):
+        return f"micro_batch: global batch {w.global_batch} is not divisible by dp x micro_batch = {p.dp * p.micro_batch}"
+    if p.pp > 1 and p.schedule == "interleaved" and micro_batches(p, w) % p.pp:
+        return f"micro_batch: the interleaved schedule needs micro-batches ({micro_batches(p, w)}) in multiples of pp={p.pp}"
+    if p.offload != "none" and not (p.framework == "deepspeed" and p.zero >= 1):
+        return f"offload: only DeepSpeed ZeRO-1..3 offloads ({p.framework} ZeRO-{p.zero} was asked)"
+    if p.offload == "optimizer+params" and p.zero != 3:
+        return "offload: parameters offload only at ZeRO-3"
+    if p.framework == "megatron" and p.zero > 1:
+        return "zero: Megatron's distributed optimizer shards optimizer state only (zero 0 or 1)"
+    if p.framework == "fsdp2" and p.zero not in (2, 3):
+        return "zero: FSDP2 shards gradients and parameters (zero 2 or 3)"
+    return None

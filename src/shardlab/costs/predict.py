@@ -1,0 +1,109 @@
+"""The cost model of a plan: memory per rank by category and step time by component.
+
+One model for every strategy (`costs.plan.Plan`), composed of the project's single-topic models:
+model-state bytes from `costs.memory` (ZeRO/FSDP2/Megatron accounting), activation bytes per layer
+from `costs.activations`, parameter splits from `costs.shapes`, collective times from
+`costs.alpha_beta` with nccl-tests' bus factors, the bubble from `costs.bubble`'s schedule algebra.
+
+Memory (`costs.rank_memory`) is predicted for the first and the last pipeline rank (the first holds the embedding and
+the most in-flight micro-batches, the last the LM head and the logits) and the larger one counts.
+
+Step time (`costs.step_time`), per pipeline rank and micro-batch: compute (GEMM FLOPs / (peak x gemm efficiency) +
+element-wise HBM traffic / (bandwidth x hbm efficiency)) + exposed communication (TP and EP
+collectives on the critical path, CP's ring less what attention compute hides, ZeRO-3's gathers
+less what prefetch hides, pipeline sends). A step is `m x t_slowest + (p-1)/v x t_stage` (fill and
+drain) + the data-parallel gradient reduction left exposed after the last backward + the
+optimizer step (HBM-bound, or PCIe + CPU Adam when offloaded).
+
+Assumptions that are not measured anywhere in this project are named where they are used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from shardlab.costs.hardware import training_flops_per_token
+from shardlab.costs.plan import Cluster, Plan, Workload, micro_batches, rejection
+from shardlab.costs.rank_memory import (USABLE_MEMORY, activation_bytes, comm_buffer_bytes, layer_parameters_on_rank,
+                                        model_states, rank_parameters)
+from shardlab.costs.shapes import ModelShape
+from shardlab.costs.step_time import gradient_sync_s, optimizer_s, stage_times
+
+
+@dataclass(frozen=True)
+class Prediction:
+    plan: Plan
+    memory: dict  # bytes on the device of the fullest rank, by MEMORY_CATEGORIES, plus host_bytes
+    device_bytes: float
+    capacity_bytes: float
+    fits: bool
+    time: dict  # seconds per step by TIME_COMPONENTS
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+    bottleneck: str
+    why: str  # "fits" or what does not
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["plan"] = self.plan.as_dict()
+        d["label"] = self.plan.label()
+        return d
+
+
+def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload, dropout: bool = False,
+             with_time: bool = True, device: dict | None = None) -> Prediction | str:
+    """The prediction for `plan`, or the reason it cannot run (a string). With `device` (the
+    cluster's `device_figures()`), the caller has already checked `plan.rejection` (the search);
+    `with_time=False`: memory only."""
+    if device is None:
+        reason = rejection(model, plan, cluster, workload)
+        if reason:
+            return reason
+        device = cluster.device_figures()
+    m = micro_batches(plan, workload)
+    ranks = sorted({0, plan.pp - 1})
+    layer_params = sum(layer_parameters_on_rank(model, plan.tp, plan.ep))  # dense + this rank's experts
+    per_rank = {}
+    for r in ranks:
+        dense, experts = rank_parameters(model, plan, r)
+        states = model_states(plan, dense, experts)
+        mem = {"parameters": states.param_bytes, "gradients": states.grad_peak_bytes,
+               "optimizer": states.optimizer_bytes,
+               "activations": activation_bytes(model, plan, workload, r, dropout),
+               "comm_buffers": comm_buffer_bytes(model, plan, workload, layer_params)}
+        device_total = sum(mem.values()) - states.offloaded_bytes
+        per_rank[r] = (device_total, mem, states, dense, experts)
+    fullest = max(per_rank, key=lambda r: per_rank[r][0])
+    device_total, mem, states, dense, experts = per_rank[fullest]
+    capacity = device["hbm_gb"] * 1e9 * USABLE_MEMORY
+    host_needed = states.offloaded_bytes * cluster.gpus_per_node
+    fits = device_total <= capacity and (cluster.host_memory_gb is None or host_needed <= cluster.host_memory_gb * 1e9)
+    why = "fits" if fits else (
+        f"out of memory: {device_total / 1e9:.1f} GB per device > {capacity / 1e9:.1f} GB usable"
+        if device_total > capacity else f"host memory: {host_needed / 1e9:.0f} GB offloaded per node")
+    memory_out = dict(mem, host_bytes=states.offloaded_bytes)
+    if not with_time:
+        return Prediction(plan, memory_out, device_total, capacity, fits, {}, float("nan"), float("nan"),
+                          float("nan"), "", why)
+
+    stages = {r: stage_times(model, plan, workload, device, r, layer_params, dropout) for r in ranks}
+    per_micro = {r: sum(t.values()) for r, t in stages.items()}
+    slowest = max(per_micro, key=per_micro.get)
+    first = stages[0]
+    fill_drain = (plan.pp - 1) / plan.virtual_stages * per_micro[0]
+    time = {k: m * stages[slowest][k] for k in stages[slowest]}
+    time["pp_bubble"] = fill_drain
+    backward_s = stages[slowest]["compute"] * 2 / 3
+    time["dp_comm"] = gradient_sync_s(plan, device, dense, experts, backward_s)
+    time["optimizer"], time["offload"] = optimizer_s(plan, device, states)
+    step = sum(time.values())
+    tokens = workload.global_batch * workload.seq_len
+    peak = device["bf16_tflops"] * 1e12
+    model_flops = training_flops_per_token(model.active_parameters(), model.num_layers, model.hidden_size,
+                                           workload.seq_len) * tokens
+    mfu = model_flops / (step * plan.world * peak)
+    bottleneck = max((k for k in time if k != "compute"), key=time.get)
+    bottleneck = "compute" if first["compute"] * m >= time[bottleneck] else bottleneck
+    return Prediction(plan, memory_out, device_total, capacity, fits, time, step, tokens / step, mfu,
+                      bottleneck, why)

@@ -1,0 +1,150 @@
+"""Memory of one rank under a plan: the parameters it holds (tensor, pipeline and expert splits),
+its model states (ZeRO / FSDP2 / Megatron accounting over its data-parallel group), the activations
+of its in-flight micro-batches, and transient communication buffers.
+
+Composed of the single-topic models: `costs.shapes` (parameter counts), `costs.memory` (bytes per
+parameter by sharding), `costs.activations` (bytes per layer). Cached: the search asks for the same
+pieces over and over.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from shardlab.costs import memory
+from shardlab.costs.activations import layer_bytes
+from shardlab.costs.plan import Plan, Workload, micro_batches
+from shardlab.costs.shapes import ModelShape, split_evenly
+
+USABLE_MEMORY = 0.92  # of HBM: CUDA context (~0.5-1 GB) and allocator fragmentation take the rest
+ZERO3_PREFETCH_LAYERS = 2  # layers of gathered parameters ZeRO-3/FSDP hold at once (current + prefetch)
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "comm_buffers")
+
+
+@lru_cache(maxsize=65536)
+def rank_layers(n_layers: int, pp: int, v: int) -> tuple[int, ...]:
+    """Layers each pipeline rank holds; rank r runs chunks r, r + pp, ... of pp*v even chunks."""
+    chunks = [len(r) for r in split_evenly(n_layers, pp * v)]
+    return tuple(sum(chunks[c] for c in range(r, pp * v, pp)) for r in range(pp))
+
+
+@lru_cache(maxsize=65536)
+def layer_parameters_on_rank(model: ModelShape, tp: int, ep: int) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer on one rank: TP splits what it does not keep whole;
+    experts split over ep (and tp, Megatron's default expert tensor parallelism)."""
+    whole = model.layer_parameters_kept_whole()
+    experts = model.num_experts * model.expert_parameters() if model.num_experts else 0
+    dense = (model.layer_parameters() - experts - whole) / tp + whole
+    if experts:
+        dense -= model.num_experts * (model.hidden_size if model.biases else 0) / tp  # down biases stay whole
+        experts = experts / (ep * tp)
+    return dense, experts
+
+
+def rank_parameters(model: ModelShape, plan: Plan, rank: int) -> tuple[float, float]:
+    """(dense, expert) parameters pipeline rank `rank` holds (first: embedding; last: head)."""
+    dense_layer, expert_layer = layer_parameters_on_rank(model, plan.tp, plan.ep)
+    layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
+    dense = layers * dense_layer
+    if rank == 0:
+        dense += model.embedding_parameters() / plan.tp
+    if rank == plan.pp - 1:
+        head = model.head_parameters() - model.norm_parameters()
+        dense += head / plan.tp + model.norm_parameters()
+    return dense, layers * expert_layer
+
+
+def model_states(plan: Plan, dense: float, experts: float) -> memory.ModelStates:
+    """Model-state bytes of a rank: dense parameters sharded over the dp x cp ranks, experts over the
+    dp x cp / ep ranks that hold the same experts."""
+    return _model_states(plan.zero, plan.offload, plan.framework, plan.dtype, plan.optimizer,
+                         plan.dp * plan.cp, plan.ep, dense, experts)
+
+
+@lru_cache(maxsize=65536)
+def _model_states(zero: int, offload: str, framework: str, dtype: str, optimizer: str, shard: int, ep: int,
+                  dense: float, experts: float) -> memory.ModelStates:
+    rung = memory.ZeroRung(zero, offload_optimizer=offload != "none", offload_param=offload == "optimizer+params",
+                           framework=framework)
+    dtype = "fp32" if dtype == "fp32" else "bf16"
+    parts = [memory.predict(rung, dense, shard, dtype, optimizer)]
+    if experts:
+        parts.append(memory.predict(rung, experts, shard // ep, dtype, optimizer))
+    return memory.ModelStates(*(sum(getattr(p, f) for p in parts) for f in
+                                ("param_bytes", "grad_bytes", "optimizer_bytes", "grad_peak_bytes", "offloaded_bytes")))
+
+
+def activation_layer_bytes(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
+                           dropout: bool = False) -> float:
+    """Bytes one layer stores for one micro-batch on one rank (MoE: top_k routed copies of the MLP's)."""
+    return sum(activation_layer_parts(model, plan, workload, recompute, dropout).values())
+
+
+def activation_layer_parts(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
+                           dropout: bool = False) -> dict:
+    """`activation_layer_bytes` by component (costs.activations.COMPONENTS); read-only (cached)."""
+    split = "tp_sp" if plan.sp else ("tp" if plan.tp > 1 else "none")
+    return _layer_parts(model, workload.seq_len // plan.cp, plan.micro_batch, plan.tp, split, plan.value_bytes,
+                        plan.attention, dropout, recompute or plan.recompute)
+
+
+@lru_cache(maxsize=65536)
+def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, value_bytes: int, attention: str,
+                 dropout: bool, recompute: str) -> dict:
+    width = (model.expert_intermediate or model.intermediate_size) if model.num_experts else model.intermediate_size
+    parts = layer_bytes(s, b, model.hidden_size, model.num_heads, width, t=t, split=split, value_bytes=value_bytes,
+                        residual=model.residual, attention="eager" if attention == "eager" else "sdpa",
+                        dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp)
+    if model.num_experts:
+        parts = dict(parts, mlp=parts.get("mlp", 0.0) * model.top_k)
+    return parts
+
+
+def in_flight(plan: Plan, m: int) -> float:
+    """Micro-batches whose activations the first pipeline rank holds at its peak."""
+    p, v = plan.pp, plan.virtual_stages
+    if p == 1:
+        return 1.0
+    if plan.schedule == "gpipe":
+        return float(m)
+    if plan.schedule == "interleaved":
+        return p + (p - 1) / v  # Narayanan et al. 2021: the first rank holds (1 + (p-1)/(pv)) x L layers' worth
+    return float(min(m, p))
+
+
+def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
+    """What the transformer layers of pipeline rank `rank` store at its peak: every in-flight
+    micro-batch (the first rank's count; later ranks hold fewer) times its layers."""
+    flights = in_flight(plan, micro_batches(plan, workload)) if rank == 0 else 1.0
+    layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
+    return activation_layer_bytes(model, plan, workload, dropout=dropout) * layers * flights
+
+
+def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
+    """Activation bytes of pipeline rank `rank` at its peak: stored layers of every in-flight
+    micro-batch (full recompute: plus one layer's working set), the embedding output on the first
+    rank, the logits and their gradient (fp32) on the last."""
+    flights = in_flight(plan, micro_batches(plan, workload)) if rank == 0 else 1.0
+    total = layer_activation_bytes(model, plan, workload, rank, dropout)
+    if plan.recompute == "full":
+        total += activation_layer_bytes(model, plan, workload, recompute="none", dropout=dropout)
+    tokens = plan.micro_batch * workload.seq_len / plan.cp
+    if rank == 0:
+        total += flights * tokens * model.hidden_size * plan.value_bytes / (plan.tp if plan.sp else 1)
+    if rank == plan.pp - 1:
+        total += 2 * tokens * model.vocab_size / plan.tp * 4
+    return total
+
+
+def comm_buffer_bytes(model: ModelShape, plan: Plan, workload: Workload, layer_params: float) -> float:
+    """Transient buffers: ZeRO-3's gathered layers, SP's gathered layer input, pipeline send/receive."""
+    tokens = plan.micro_batch * workload.seq_len / plan.cp
+    act = tokens * model.hidden_size * plan.value_bytes
+    out = 0.0
+    if plan.zero == 3:
+        out += ZERO3_PREFETCH_LAYERS * layer_params * (4 if plan.dtype == "fp32" else 2)
+    if plan.sp:
+        out += act
+    if plan.pp > 1:
+        out += 2 * act / (plan.tp if plan.sp else 1)
+    return out

@@ -1,0 +1,114 @@
+"""The planner's tables (report section "Planning at scale"), from the config's `planning` block.
+
+- planning_scenarios: per scenario, the search (candidates, fitting, seconds) and its best plan.
+- planning_top: per scenario, the top plans: memory per rank by category, step time by component,
+  tokens/s, MFU, the bottleneck.
+- planning_rejected: per scenario, why the other plans fail (reason, count, one example).
+- planning_what_if: per scenario and what-if (catalog figures scaled), the best plan and its speed-up.
+- planning_zero_ladder: the ZeRO rungs on one scenario's cluster, by the decision tree and by the
+  full planner (activations included), each with why it fits or not.
+- planning_published: the published large-scale points, measured vs predicted.
+- planning_crosscheck: the planner beside DeepSpeed's estimator and Megatron's formula.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from shardlab.costs import crosscheck, published
+from shardlab.costs.memory import ZERO_LADDER
+from shardlab.costs.plan import Plan
+from shardlab.costs.planner import Scenario, known_models, model_shape, scenarios
+from shardlab.costs.predict import Prediction, evaluate
+from shardlab.costs.rank_memory import MEMORY_CATEGORIES
+from shardlab.costs.search import search
+from shardlab.costs.zero_tree import DEFAULT_HEADROOM, data_parallel_plan, feasibility
+from shardlab.tables import TableInputs
+
+GB = 1e9
+
+
+def prediction_row(p: Prediction) -> dict:
+    row = {"plan": p.plan.label(), **{f"plan_{k}": v for k, v in p.plan.as_dict().items()},
+           "tokens_per_s": p.tokens_per_s, "mfu": p.mfu, "step_s": p.step_s, "bottleneck": p.bottleneck,
+           "device_gb": p.device_bytes / GB, "usable_gb": p.capacity_bytes / GB, "fits": p.fits, "why": p.why}
+    row.update({f"{k}_gb": p.memory[k] / GB for k in (*MEMORY_CATEGORIES, "host_bytes")})
+    row.update({f"{k}_s": v for k, v in p.time.items()})
+    return row
+
+
+def scenario_tables(s: Scenario, top: int, what_if: dict[str, dict]) -> dict[str, list[dict]]:
+    result = search(s.model, s.cluster, s.workload, top=top, space=s.space)
+    base = {"scenario": s.name}
+    best = result.ranked[0] if result.ranked else None
+    summary = dict(base, description=s.description, parameters_b=s.model.parameters() / 1e9,
+                   active_parameters_b=s.model.active_parameters() / 1e9, hardware=s.cluster.accelerator,
+                   gpus=s.cluster.gpus, global_batch=s.workload.global_batch, seq_len=s.workload.seq_len,
+                   candidates=result.candidates, fitting=result.fitting, search_s=result.seconds,
+                   best_plan=best.plan.label() if best else "none fits",
+                   tokens_per_s=best.tokens_per_s if best else None, mfu=best.mfu if best else None,
+                   bottleneck=best.bottleneck if best else None)
+    top_rows = [dict(base, rank=i, **prediction_row(p)) for i, p in enumerate(result.ranked, 1)]
+    rejected = [dict(base, reason=kind, plans=n, example=result.examples[kind]) for kind, n in result.rejected.most_common()]
+    what_ifs = [dict(base, what_if="as catalogued", best_plan=summary["best_plan"], tokens_per_s=summary["tokens_per_s"],
+                     mfu=summary["mfu"], speedup=1.0 if best else None, plan_changed=False)]
+    for name, factors in what_if.items():
+        alt = search(s.model, s.cluster.scaled(**factors), s.workload, top=1, space=s.space)
+        a = alt.ranked[0] if alt.ranked else None
+        what_ifs.append(dict(base, what_if=name, best_plan=a.plan.label() if a else "none fits",
+                             tokens_per_s=a.tokens_per_s if a else None, mfu=a.mfu if a else None,
+                             speedup=a.tokens_per_s / best.tokens_per_s if a and best else None,
+                             plan_changed=(a.plan != best.plan) if a and best else None))
+    return {"planning_scenarios": [summary], "planning_top": top_rows, "planning_rejected": rejected,
+            "planning_what_if": what_ifs}
+
+
+def zero_ladder_rows(s: Scenario, micro_batch: int) -> list[dict]:
+    """Each ZeRO rung on the scenario's GPUs as pure data parallelism: the decision tree's verdict
+    (model states only, 25 % headroom) beside the full planner's (activations included)."""
+    device = s.cluster.device
+    tree = {r["rung"]: r for r in feasibility(s.model.parameters(), s.cluster.gpus, device["hbm_gb"] * GB)}
+    rows = []
+    for rung, facts in ZERO_LADDER.items():
+        plan = Plan(**{**data_parallel_plan(facts, s.cluster.gpus, "bf16", "adamw").as_dict(), "micro_batch": micro_batch})
+        p = evaluate(s.model, plan, s.cluster, s.workload)
+        full = prediction_row(p) if isinstance(p, Prediction) else {"fits": False, "why": p}
+        rows.append({"scenario": s.name, "rung": rung, "tree_model_states_gb": tree[rung]["device_peak_bytes"] / GB,
+                     "tree_budget_gb": tree[rung]["budget_bytes"] / GB, "tree_fits": tree[rung]["fits"],
+                     "tree_why": tree[rung]["why"], "headroom": DEFAULT_HEADROOM,
+                     **{f"planner_{k}": v for k, v in full.items() if not k.startswith("plan_")}})
+    return rows
+
+
+def published_summary(rows: list[dict]) -> list[dict]:
+    """Mean and worst error per quantity beside this project's goal and the best open model's error."""
+    ref = published.reference()
+    goals, theirs = ref["goals_pct"], ref["reference_model_error_pct"]
+    key = {"iteration_time_s": "time", "params_optimizer_gib": "params_optimizer", "activations_gib": "activations"}
+    out = []
+    for quantity, err in published.summary(rows).items():
+        goal_mean, goal_worst = ((goals["time_mean"], goals["time_worst"]) if quantity == "iteration_time_s"
+                                 else (goals["memory_each"], goals["memory_each"]))
+        out.append({"quantity": quantity, "points": err["n"], "mean_abs_error_pct": err["mean"],
+                    "worst_abs_error_pct": err["worst"], "goal_mean_pct": goal_mean, "goal_worst_pct": goal_worst,
+                    "meets_goal": err["mean"] <= goal_mean and err["worst"] <= goal_worst,
+                    "best_open_model_mean_pct": theirs[key[quantity]]["mean"],
+                    "best_open_model_worst_pct": theirs[key[quantity]]["worst"]})
+    return out
+
+
+def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
+    planning = inputs.settings["planning"]
+    found = {s.name: s for s in scenarios(planning)}
+    out: dict[str, list[dict]] = {}
+    for s in found.values():
+        print(f"planning {s.name}: {s.model.parameters() / 1e9:.1f}B parameters on {s.cluster.gpus} x {s.cluster.accelerator}",
+              flush=True)
+        for name, rows in scenario_tables(s, planning["top"], planning["what_if"]).items():
+            out.setdefault(name, []).extend(rows)
+    ladder = planning.get("zero_ladder")
+    out["planning_zero_ladder"] = zero_ladder_rows(found[ladder["scenario"]], ladder["micro_batch"]) if ladder else []
+    out["planning_published"] = published.rows()
+    out["planning_published_summary"] = published_summary(out["planning_published"])
+    out["planning_crosscheck"] = crosscheck.rows({name: model_shape(name) for name in known_models()})
+    return {name: pd.DataFrame(rows) for name, rows in out.items()}
