@@ -35,6 +35,7 @@ not counted.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -105,13 +106,12 @@ def predict(rung: str | ZeroRung, n_params: float, ranks: int, dtype: str = "bf1
 
     `tensors`: the parameter tensors' shapes in the model's parameter order, for DeepSpeed's padding and
     partition boundaries and FSDP2's row chunks (then `n_params` is their total); `rank`: which rank
-    (default: the one holding the most). Without `tensors`, the even split."""
+    (default: the one holding the most). Without `tensors`, the even split. At scale the boundary
+    term matters: with partitions smaller than a weight matrix (e.g. 405B on 1,024 ranks), stages
+    1-2 hold whole gradients of one or two matrices per rank, several times the even share."""
     if isinstance(rung, str):
         rung = {**ZERO_LADDER, **FSDP2_RUNGS}[rung]
-    if tensors is not None and rank is None:
-        return max((predict(rung, n_params, ranks, dtype, optimizer, bucket_elements, tensors, r)
-                    for r in range(ranks)), key=lambda states: states.total_bytes)
-    held = Held.even(n_params, ranks) if tensors is None else Held.exact(tensors, ranks, rank or 0)
+    held = Held.even(n_params, ranks) if tensors is None else _held(tuple(map(tuple, tensors)), ranks, rank)
     stage, off_opt, framework = rung.stage, rung.offload_optimizer, rung.framework
     psi, moments = float(n_params), MOMENT_BYTES[optimizer]
     if framework == "fsdp2":
@@ -166,27 +166,36 @@ class Held:
         return cls(float(n_params), share, share, share, share)
 
     @classmethod
-    def exact(cls, tensors: Sequence[Sequence[int]], ranks: int, rank: int) -> Held:
+    def exact(cls, tensors: Sequence[Sequence[int]], ranks: int, rank: int | None = None) -> Held:
+        """What rank `rank` holds; None: the fullest rank (only one field varies with the rank under each
+        framework, so the field-wise maxima are one rank's). Linear in tensors + ranks."""
         sizes = [math.prod(shape) for shape in tensors]
         padded = _round_up(sum(sizes), 2 * ranks)  # DeepSpeed's alignment: 2 elements x world size
         partition = padded // ranks
-        start, stop = rank * partition, (rank + 1) * partition
-        return cls(padded, partition, _overlapping_numel(sizes, start, stop),
-                   sum(math.ceil(n / ranks) for n in sizes), sum(_chunk_numel(s, ranks, rank) for s in tensors))
+        boundary = _boundary_gradients(sizes, partition, ranks)
+        first = rank or 0  # FSDP2 gives the first ranks the longer chunks
+        return cls(padded, partition, max(boundary) if rank is None else boundary[rank],
+                   sum(math.ceil(n / ranks) for n in sizes), sum(_chunk_numel(s, ranks, first) for s in tensors))
+
+
+@functools.lru_cache(maxsize=4096)
+def _held(tensors: tuple[tuple[int, ...], ...], ranks: int, rank: int | None) -> Held:
+    return Held.exact(tensors, ranks, rank)  # a planner asks for the same model and ranks many times
 
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _overlapping_numel(sizes: list[int], start: int, stop: int) -> int:
-    """Total numel of the tensors (laid out back to back) that overlap [start, stop)."""
-    total, offset = 0, 0
+def _boundary_gradients(sizes: list[int], partition: int, ranks: int) -> list[int]:
+    """Per rank, the total numel of the tensors (laid out back to back) that overlap its partition."""
+    held, offset = [0] * ranks, 0
     for n in sizes:
-        if offset < stop and offset + n > start:
-            total += n
+        if n:
+            for r in range(offset // partition, min((offset + n - 1) // partition, ranks - 1) + 1):
+                held[r] += n
         offset += n
-    return total
+    return held
 
 
 def _chunk_numel(shape: Sequence[int], ranks: int, rank: int) -> int:
@@ -198,11 +207,21 @@ def _chunk_numel(shape: Sequence[int], ranks: int, rank: int) -> int:
 
 
 def parameter_shapes(model) -> list[tuple[int, ...]]:
-    """A GPT-NeoX `ModelShape`'s parameter shapes in Hugging Face's parameter order (embedding; per
-    layer: two LayerNorms, QKV, output projection, MLP up and down; final LayerNorm; LM head)."""
+    """A `ModelShape`'s parameter shapes in Hugging Face's parameter order: GPT-NeoX (embedding; per
+    layer two LayerNorms, fused QKV, output projection, MLP up and down, with biases; final LayerNorm;
+    LM head), or, for bias-free or SwiGLU shapes, Llama's (per layer q, k, v, o, gate, up, down, two
+    RMSNorms). Only the order of big tensors matters to the partition boundaries."""
     h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
-    layer = [(h,), (h,), (h,), (h,), (3 * h, h), (3 * h,), (h, h), (h,), (i, h), (i,), (h, i), (h,)]
-    return [(v, h), *layer * model.num_layers, (h,), (h,), (v, h)]
+    if getattr(model, "num_experts", 0):
+        raise ValueError("parameter_shapes does not lay out mixture-of-experts models")
+    kv = h * (getattr(model, "num_kv_heads", None) or model.num_heads) // model.num_heads
+    head = [] if getattr(model, "tied_embeddings", False) else [(v, h)]
+    if getattr(model, "biases", True) and getattr(model, "mlp", "gelu") == "gelu":
+        layer = [(h,), (h,), (h,), (h,), (h + 2 * kv, h), (h + 2 * kv,), (h, h), (h,), (i, h), (i,), (h, i), (h,)]
+        return [(v, h), *layer * model.num_layers, (h,), (h,), *head]
+    mlp = [(i, h), (i, h), (h, i)] if getattr(model, "mlp", "gelu") == "swiglu" else [(i, h), (h, i)]
+    layer = [(h, h), (kv, h), (kv, h), (h, h), *mlp, (h,), (h,)]
+    return [(v, h), *layer * model.num_layers, (h,), *head]
 
 
 def host_bytes(rung: ZeroRung, param_bytes: float, grad_bytes: float, optimizer_bytes: float) -> float:
