@@ -4,7 +4,7 @@ PyTorch FSDP2 (`fsdp2`) beside it. The rungs' facts are `shardlab.costs.memory.Z
 from __future__ import annotations
 
 from shardlab.costs.comm_volume import data_parallel, zero_sharded_optimizer, zero_sharded_parameters
-from shardlab.costs.memory import FSDP2_RUNGS, ZERO_LADDER, ZeroRung, predict
+from shardlab.costs.memory import FSDP2_RUNGS, ZERO_LADDER, ZeroRung, parameter_shapes, predict
 from shardlab.strategies.spec import StrategySpec
 from shardlab.strategies.zero.settings import check_zero_options
 
@@ -31,8 +31,13 @@ def _comm(name: str, rung: ZeroRung):
 
 
 def _states(name: str):
-    return lambda model, world, options, dtype, optimizer: [predict(name, model.parameters(), world, dtype,
-                                                                    optimizer)] * world
+    def states(model, world, options, dtype, optimizer):
+        # Per rank from the parameter tensors: DeepSpeed's padding and partition boundaries, FSDP2's chunks.
+        tensors = parameter_shapes(model)
+        return [predict(name, model.parameters(), world, dtype, optimizer, tensors=tensors, rank=r)
+                for r in range(world)]
+
+    return states
 
 
 def _spec(name: str, rung: ZeroRung) -> StrategySpec:
