@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from shardlab.costs.activations import PRECISIONS
 from shardlab.costs.memory import FSDP2_RUNGS, ZERO_LADDER
 from shardlab.costs.shapes import ModelShape
 
@@ -37,11 +38,11 @@ GRID = {
 }
 DTYPES = ("fp32", "bf16")
 RUNGS = [*ZERO_LADDER, *FSDP2_RUNGS]
-# Hand-written TP (heads must divide by the world size). tp_sp fails in bf16 (its sequence-parallel
+# Hand-written TP (heads, MLP width and vocabulary must divide by the world size: of this grid, the
+# default shape). tp_sp fails in bf16 (its sequence-parallel
 # backward multiplies an autocast bf16 gradient by the fp32 weight), so it is measured in fp32 only.
 TP_SPLITS = {"tp": DTYPES, "tp_sp": ("fp32",)}
 SEQ_LEN, ROWS_PER_RANK = 32, 2
-PRECISIONS = {"fp32": "fp32", "bf16_autocast": "bf16", "bf16_cast": "bf16"}  # in-process activation runs
 
 
 def model_config(shape: ModelShape) -> dict:
