@@ -4,7 +4,8 @@
 #   bash scripts/local-slurm.sh stop     # stop the three daemons (by the pids in their pid files)
 #   bash scripts/local-slurm.sh status   # exit 0 when `srun` works
 # Needs root and apt (no systemd: the daemons are started by hand). No accounting (no slurmdbd):
-# profiles/slurm asks the executor for status via squeue. Exit 3: cannot be set up here (the reason
+# profiles/slurm asks the executor for status via squeue. Two jobs may share a core (OverSubscribe=FORCE:2)
+# so that the test's reference and two-node runs overlap: this cluster tests plumbing, not timings. Exit 3: cannot be set up here (the reason
 # is printed), so the caller can skip.
 set -euo pipefail
 
@@ -59,7 +60,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 NodeName=$host CPUs=$(nproc) RealMemory=$mem State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2
 EOF
 }
 

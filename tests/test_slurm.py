@@ -91,15 +91,23 @@ def test_reduced_dag_through_the_slurm_profile_with_a_two_node_run(slurm_cluster
           f"{parity.loc['ddp', 'max_loss_deviation']:.2g} (tolerance {parity.loc['ddp', 'tolerance']:.2g})")
 
 
-@pytest.mark.parametrize("profile", ["runpod", "slurm"])
-def test_pod_study_dry_run_lists_every_family(profile):
-    """config/runpod.yaml is the full study: its dry run (through the pod and the Slurm profile) plans
-    runs of every strategy family of the registry, and the collective benchmark."""
+@pytest.mark.parametrize("profile,configs", [("runpod", ["config/runpod.yaml"]),
+                                             ("slurm", ["config/runpod.yaml", "config/cluster-gpu.yaml", "config/two-nodes.yaml"])])
+def test_pod_study_dry_run_lists_every_family(profile, configs):
+    """config/runpod.yaml is the full study: its dry run (through the pod profile, and through the Slurm
+    profile with the cluster overlay) plans runs of every strategy family of the registry and the
+    collective benchmark; on Slurm the 2-node experiment asks for 2 nodes, one task per node started
+    with srun, 8 GPUs per node, and every run for GPUs."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--forceall", "--profile", profile, "--configfile",
-                           "config/runpod.yaml"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           *configs], cwd=REPO, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     planned = set(re.findall(r"strategy=(\w+)", out))
     assert {REGISTRY[s].family for s in planned} == {spec.family for spec in REGISTRY.values()}
     assert "rule comm_bench:" in out
+    if profile == "slurm":
+        requests = re.findall(r"rule run_strategy:.*?resources: ([^\n]*)", out, flags=re.S)
+        assert sum("nodes=2, tasks=2, mpi=srun, gres=gpu:8" in r for r in requests) == 3  # ddp, zero3, fsdp2_full
+        asks_gpus = [re.search(r"(?:^|, )(?:gpu=[1-9]|gres=gpu:[1-9])", r) for r in requests]
+        assert requests and all(asks_gpus)  # every run asks for its GPUs (no 'auto' on a cluster)
