@@ -151,3 +151,14 @@ def test_two_agents_on_loopback_match_the_single_device_reference(tiny_assets, t
     assert_losses_match(losses, reference_losses)
     print(f"2 agents x 1 on loopback: max loss deviation {max_deviation(losses, reference_losses):.2g} "
           f"(tolerance {loss_tolerance(reference_losses, TEST_TOKENS_PER_STEP):.2g})")
+
+
+def test_a_slurm_job_whose_allocation_cannot_be_read_is_recorded_as_failed(run_strategy, monkeypatch):
+    """Under a Slurm job id that no controller knows (or without scontrol), a multi-node run fails
+    before anything starts, with scontrol's failure as its reason; the DAG goes on."""
+    monkeypatch.setenv("SLURM_JOB_ID", "999999999")
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol, whether Slurm is installed or not
+    summary, steps = run_strategy("ddp", {"launch": {"nodes": 2, "gpus_per_node": 1}})
+    assert summary["status"] == "failed" and steps == []
+    assert summary["reason"].startswith("scontrol show job --oneliner 999999999 failed")
