@@ -32,6 +32,7 @@ include: "workflow/rules/context_expert.smk"
 include: "workflow/rules/pipeline.smk"
 include: "workflow/rules/science.smk"
 include: "workflow/rules/verdicts.smk"
+include: "workflow/rules/predictions.smk"
 include: "workflow/rules/planning.smk"
 include: "workflow/rules/report.smk"
 

@@ -13,6 +13,7 @@ import yaml
 
 import browser
 from conftest import REPO, TEST_EXPERIMENT
+from shardlab.strategies import REGISTRY
 
 
 def snakemake(*args, timeout=1500):
@@ -108,6 +109,21 @@ def test_dag_end_to_end_on_reduced_config(reduced_study):
         assert (results / "report" / "figures" / f"{figure}.png").stat().st_size > 1000
     renderer = (results / "report" / "renderer.txt").read_text()
     assert renderer.startswith("quarto") or renderer.startswith("fallback")
+
+
+@pytest.mark.e2e
+def test_the_planner_predicts_every_run_and_plans_at_scale(reduced_study):
+    tables = reduced_study / "tables"
+    runs = pd.read_csv(tables / "runs.csv")
+    predicted = pd.read_csv(tables / "run_predictions.csv")
+    assert set(zip(predicted["experiment"], predicted["strategy"])) == set(zip(runs["experiment"], runs["strategy"]))
+    assert predicted["predicted_step_s"].gt(0).all() and predicted["predicted_activation_bytes"].gt(0).all()
+    # Data-parallel replicas and the ZeRO ladder: the planner's model states are exact for any shape.
+    replicas = predicted[predicted["strategy"].map(lambda s: REGISTRY[s].family in ("baseline", "data parallel", "zero"))]
+    assert len(replicas) and replicas["model_states_error_pct"].abs().max() <= 1.0, replicas
+    scenarios = pd.read_csv(tables / "planning_scenarios.csv")
+    assert len(scenarios) and scenarios["fitting"].gt(0).all() and scenarios["best_plan"].ne("none fits").all()
+    assert "Planning at scale" in (reduced_study / "report" / "report.html").read_text()
 
 
 @pytest.mark.e2e

@@ -53,3 +53,4 @@ rule planning_tables:
 # Without scenarios the rule and the report section are left out.
 if config["planning"]["scenarios"]:
     REPORT_INPUTS.extend(PLANNING_TABLES)
+

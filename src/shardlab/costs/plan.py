@@ -6,8 +6,9 @@ context, data, pipeline; expert parallelism is carved out of the dp x cp ranks, 
 - tp with or without sequence parallelism (`sp`), pp with a schedule and `virtual_stages` chunks per
   rank (interleaved 1F1B), cp (ring attention), ep (experts split over ranks);
 - `zero` 0-3: how the data-parallel group shards optimizer state (1), gradients (2), parameters (3);
-  `framework` says whose accounting (DeepSpeed, FSDP2, or Megatron's fp32-gradient mixed precision,
-  where `zero` = 1 is its distributed optimizer); `offload` moves optimizer state (and at stage 3
+  `framework` says whose accounting (DeepSpeed, FSDP2, Megatron's fp32-gradient mixed precision
+  where `zero` = 1 is its distributed optimizer, or plain PyTorch replicas with fp32 weights under
+  autocast); `offload` moves optimizer state (and at stage 3
   parameters) to host memory;
 - micro-batch rows per rank, activation recompute none/selective/full, dtype, and an attention
   kernel that stores the score matrix ("eager") or not ("flash").
@@ -26,7 +27,7 @@ from shardlab.costs.shapes import ModelShape
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
-FRAMEWORKS = ("deepspeed", "fsdp2", "megatron")
+FRAMEWORKS = ("deepspeed", "fsdp2", "megatron", "torch")  # torch: plain replicas (DDP, hand-written TP/PP/CP/EP)
 ATTENTION = ("flash", "eager")
 DTYPES = ("bf16", "fp16", "fp32")
 
@@ -36,6 +37,7 @@ class Plan:
     dp: int = 1
     tp: int = 1
     sp: bool = False
+    sp_gathered_inputs: bool = False  # SP that keeps the all-gathered column inputs (DTensor's SequenceParallel)
     pp: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
@@ -64,7 +66,8 @@ class Plan:
             parts.append(self.schedule + (f"(v{self.virtual_stages})" if self.virtual_stages > 1 else ""))
         parts += [f"cp{self.cp}"] if self.cp > 1 else []
         parts += [f"ep{self.ep}"] if self.ep > 1 else []
-        parts += [f"{self.framework}-z{self.zero}", f"mb{self.micro_batch}", f"rc:{self.recompute}"]
+        parts += ["torch" if self.framework == "torch" else f"{self.framework}-z{self.zero}", f"mb{self.micro_batch}",
+                  f"rc:{self.recompute}"]
         parts += [f"off:{self.offload}"] if self.offload != "none" else []
         return " ".join(parts)
 
@@ -150,14 +153,16 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
         return f"tp: {model.kv_heads} KV heads do not split over tp={p.tp}"
     if p.sp and p.tp == 1:
         return "sp: sequence parallelism needs tp > 1"
+    if p.sp_gathered_inputs and not p.sp:
+        return "sp_gathered_inputs: only sequence parallelism gathers its inputs"
     if w.seq_len % (p.cp * (p.tp if p.sp else 1)):
         return f"cp: sequence {w.seq_len} is not divisible by cp={p.cp}{' x tp' if p.sp else ''}"
     if p.pp == 1 and (p.schedule == "interleaved" or p.virtual_stages > 1):
         return "schedule: a single pipeline stage has no schedule to interleave"
     if (p.schedule == "interleaved") != (p.virtual_stages > 1) and p.pp > 1:
         return f"virtual_stages: {p.virtual_stages} chunks per rank go with (and only with) the interleaved schedule"
-    if model.num_layers < p.pp * p.virtual_stages:
-        return f"pp: {model.num_layers} layers cannot fill {p.pp * p.virtual_stages} pipeline stages"
+    if model.num_layers < p.pp:
+        return f"pp: {model.num_layers} layers cannot give each of {p.pp} pipeline ranks one"
     if p.ep > 1 and (not model.num_experts or model.num_experts % p.ep):
         return f"ep: {model.num_experts} experts are not divisible by ep={p.ep}"
     if (p.dp * p.cp) % p.ep:
@@ -172,6 +177,8 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
         return "offload: parameters offload only at ZeRO-3"
     if p.framework == "megatron" and p.zero > 1:
         return "zero: Megatron's distributed optimizer shards optimizer state only (zero 0 or 1)"
+    if p.framework == "torch" and p.zero:
+        return "zero: plain PyTorch replicas shard nothing (zero 0)"
     if p.framework == "fsdp2" and p.zero not in (2, 3):
         return "zero: FSDP2 shards gradients and parameters (zero 2 or 3)"
     return None

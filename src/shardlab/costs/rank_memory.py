@@ -54,20 +54,23 @@ def rank_parameters(model: ModelShape, plan: Plan, rank: int) -> tuple[float, fl
     return dense, layers * expert_layer
 
 
-def model_states(plan: Plan, dense: float, experts: float) -> memory.ModelStates:
+def model_states(plan: Plan, dense: float, experts: float, tensors: tuple | None = None) -> memory.ModelStates:
     """Model-state bytes of a rank: dense parameters sharded over the dp x cp ranks, experts over the
-    dp x cp / ep ranks that hold the same experts."""
+    dp x cp / ep ranks that hold the same experts. `tensors` (the dense parameters' shapes, when
+    known): DeepSpeed's padding and partition boundaries, FSDP2's row chunks, exactly; else the even split."""
     return _model_states(plan.zero, plan.offload, plan.framework, plan.dtype, plan.optimizer,
-                         plan.dp * plan.cp, plan.ep, dense, experts)
+                         plan.dp * plan.cp, plan.ep, dense, experts, tensors)
 
 
 @lru_cache(maxsize=65536)
 def _model_states(zero: int, offload: str, framework: str, dtype: str, optimizer: str, shard: int, ep: int,
-                  dense: float, experts: float) -> memory.ModelStates:
+                  dense: float, experts: float, tensors: tuple | None) -> memory.ModelStates:
     rung = memory.ZeroRung(zero, offload_optimizer=offload != "none", offload_param=offload == "optimizer+params",
                            framework=framework)
     dtype = "fp32" if dtype == "fp32" else "bf16"
-    parts = [memory.predict(rung, dense, shard, dtype, optimizer)]
+    if framework == "torch":  # fp32 weights, gradients and moments on every replica, any dtype (autocast)
+        return memory.unsharded(dense + experts, dtype, optimizer)
+    parts = [memory.predict(rung, dense, shard, dtype, optimizer, tensors=tensors)]
     if experts:
         parts.append(memory.predict(rung, experts, shard // ep, dtype, optimizer))
     return memory.ModelStates(*(sum(getattr(p, f) for p in parts) for f in
@@ -83,7 +86,7 @@ def activation_layer_bytes(model: ModelShape, plan: Plan, workload: Workload, re
 def activation_layer_parts(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
                            dropout: bool = False) -> dict:
     """`activation_layer_bytes` by component (costs.activations.COMPONENTS); read-only (cached)."""
-    split = "tp_sp" if plan.sp else ("tp" if plan.tp > 1 else "none")
+    split = ("tp_sp_gathered" if plan.sp_gathered_inputs else "tp_sp") if plan.sp else ("tp" if plan.tp > 1 else "none")
     return _layer_parts(model, workload.seq_len // plan.cp, plan.micro_batch, plan.tp, split, plan.value_bytes,
                         plan.attention, dropout, recompute or plan.recompute)
 
@@ -95,44 +98,58 @@ def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, value_by
     parts = layer_bytes(s, b, model.hidden_size, model.num_heads, width, t=t, split=split, value_bytes=value_bytes,
                         residual=model.residual, attention="eager" if attention == "eager" else "sdpa",
                         dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp)
-    if model.num_experts:
-        parts = dict(parts, mlp=parts.get("mlp", 0.0) * model.top_k)
+    if model.num_experts and recompute != "full":
+        parts = dict(parts, mlp=parts["mlp"] + routed_expert_bytes(model, s * b, t, value_bytes, width, parts["mlp"]))
     return parts
 
 
-def in_flight(plan: Plan, m: int) -> float:
-    """Micro-batches whose activations the first pipeline rank holds at its peak."""
+def routed_expert_bytes(model: ModelShape, tokens: int, t: int, value_bytes: int, width: int, one_expert: float) -> float:
+    """What a top-k mixture of experts saves beyond one dense MLP of the expert's width (`one_expert`
+    bytes, its input included): k-1 more expert passes, the k dispatched copies of each token (the
+    experts' GEMM inputs) and the k expert outputs the weighted combine multiplies, the router's fp32
+    probabilities. Balanced routing assumed."""
+    h, k = model.hidden_size, model.top_k
+    hidden = (one_expert - value_bytes * tokens * h / t) if t == 1 else one_expert - value_bytes * tokens * h
+    return (k - 1) * hidden + 2 * k * value_bytes * tokens * h / t + 4 * tokens * model.num_experts
+
+
+def in_flight(plan: Plan, m: int, rank: int = 0) -> float:
+    """Micro-batches whose activations pipeline rank `rank` holds at its peak: all m under GPipe;
+    under 1F1B p - rank (the first rank the most); interleaved 1F1B adds (p-1)/v on top (Narayanan
+    et al. 2021: the first rank holds (1 + (p-1)/(pv)) x L layers' worth)."""
     p, v = plan.pp, plan.virtual_stages
     if p == 1:
         return 1.0
     if plan.schedule == "gpipe":
         return float(m)
     if plan.schedule == "interleaved":
-        return p + (p - 1) / v  # Narayanan et al. 2021: the first rank holds (1 + (p-1)/(pv)) x L layers' worth
-    return float(min(m, p))
+        return p - rank + (p - 1) / v
+    return float(min(m, p - rank))
 
 
 def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
     """What the transformer layers of pipeline rank `rank` store at its peak: every in-flight
     micro-batch (the first rank's count; later ranks hold fewer) times its layers."""
-    flights = in_flight(plan, micro_batches(plan, workload)) if rank == 0 else 1.0
+    flights = in_flight(plan, micro_batches(plan, workload), rank)
     layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
     return activation_layer_bytes(model, plan, workload, dropout=dropout) * layers * flights
 
 
 def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
     """Activation bytes of pipeline rank `rank` at its peak: stored layers of every in-flight
-    micro-batch (full recompute: plus one layer's working set), the embedding output on the first
-    rank, the logits and their gradient (fp32) on the last."""
-    flights = in_flight(plan, micro_batches(plan, workload)) if rank == 0 else 1.0
+    micro-batch (full recompute: plus one layer's working set); the first rank's token ids (and
+    embedding dropout mask); the last rank's final-norm input and statistics, LM-head input and the
+    fp32 log-probabilities cross-entropy keeps (vocabulary-split under TP)."""
+    flights = in_flight(plan, micro_batches(plan, workload), rank)
     total = layer_activation_bytes(model, plan, workload, rank, dropout)
     if plan.recompute == "full":
         total += activation_layer_bytes(model, plan, workload, recompute="none", dropout=dropout)
     tokens = plan.micro_batch * workload.seq_len / plan.cp
+    hidden = tokens * model.hidden_size / (plan.tp if plan.sp else 1)
     if rank == 0:
-        total += flights * tokens * model.hidden_size * plan.value_bytes / (plan.tp if plan.sp else 1)
+        total += flights * (8 * tokens + (hidden if dropout else 0))
     if rank == plan.pp - 1:
-        total += 2 * tokens * model.vocab_size / plan.tp * 4
+        total += flights * (2 * hidden * plan.value_bytes + 2 * 4 * tokens + 4 * tokens * model.vocab_size / plan.tp)
     return total
 
 

@@ -68,7 +68,7 @@ def candidates(model: ModelShape, cluster: Cluster, workload: Workload, space: S
                 dp = rest // pp
                 eps = [e for e in _powers_of_two(dp * cp) if (dp * cp) % e == 0 and model.num_experts % e == 0] if model.num_experts else [1]
                 schedules = [("1f1b", 1)] if pp == 1 else [("gpipe", 1), ("1f1b", 1)] + [
-                    ("interleaved", v) for v in space.virtual_stages]
+                    ("interleaved", v) for v in space.virtual_stages if pp * v <= model.num_layers]
                 for sp, (schedule, v), ep, (framework, zero, offload), mb, rc in itertools.product(
                         (False, True) if tp > 1 else (False,), schedules, eps, space.shardings,
                         space.micro_batch, space.recompute):

@@ -22,6 +22,9 @@ def collective_s(device: dict, collective: str, size_bytes: float, group: int, i
     per-GPU NIC across nodes)."""
     if group < 2 or size_bytes <= 0:
         return 0.0
+    fitted = device.get("alpha_beta", {}).get(collective)  # a machine calibrated by the comm benchmark
+    if fitted is not None:
+        return fitted.seconds_for(collective, size_bytes, group)
     if intra_node:
         beta, alpha = device["nvlink_gbps"] / 2 * 1e9, device["intra_node_latency_us"] * 1e-6  # per direction
     else:
@@ -54,7 +57,7 @@ def layer_flops(model: ModelShape, plan: Plan, workload: Workload) -> tuple[floa
 def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict, rank: int,
                 layer_params: float, dropout: bool) -> dict:
     """Seconds of pipeline rank `rank` per micro-batch, by component (forward + backward)."""
-    peak = device["bf16_tflops"] * 1e12 * (0.5 if plan.dtype == "fp32" else 1.0)  # fp32 runs on TF32 at half rate
+    peak = device["fp32_tflops" if plan.dtype == "fp32" else "bf16_tflops"] * 1e12
     gemm_s, hbm_s = peak * gemm_efficiency(device, model.hidden_size / plan.tp), device["hbm_tbps"] * 1e12 * device["hbm"]
     layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
     gemm, core = layer_flops(model, plan, workload)
@@ -76,12 +79,13 @@ def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict,
     tp = layers * tp_calls * collective_s(device, "all_reduce", act, plan.tp, True)
     kv = 2 * tokens * model.kv_width * plan.value_bytes / plan.tp
     ring = layers * 3 * (plan.cp - 1) * collective_s(device, "sendrecv", kv, plan.cp, plan.tp * plan.cp <= per_node)
-    cp = max(0.0, ring - layers * 3 * core / gemm_s)  # ring attention overlaps the transfer with attention math
+    hide = device["overlap"]
+    cp = max(0.0, ring - hide * layers * 3 * core / gemm_s)  # ring attention overlaps the transfer with attention math
     ep = 0.0
     if model.num_experts and plan.ep > 1:
         routed = act * model.top_k / (plan.tp if plan.sp else 1)
         ep = layers * 4 * collective_s(device, "all_to_all", routed, plan.ep, plan.tp * plan.ep <= per_node)
-    zero = max(0.0, sharded_data_parallel_s(plan, device, layer_params * layers) - compute)  # overlapped
+    zero = max(0.0, sharded_data_parallel_s(plan, device, layer_params * layers) - hide * compute)  # overlapped
     p2p = 0.0
     if plan.pp > 1:
         stride_intra = plan.tp * plan.cp * plan.dp < per_node
@@ -128,7 +132,7 @@ def gradient_sync_s(plan: Plan, device: dict, dense: float, experts: float, back
             overlapped += collective_s(device, "reduce_scatter", params * grad, size, intra)
         if plan.zero in (1, 2):
             gathered += collective_s(device, "all_gather", params * (4 if plan.dtype == "fp32" else 2), size, intra)
-    return max(0.0, overlapped - backward_s) + gathered
+    return max(0.0, overlapped - device["overlap"] * backward_s) + gathered
 
 
 def optimizer_s(plan: Plan, device: dict, states: memory.ModelStates) -> tuple[float, float]:

@@ -19,6 +19,8 @@ from shardlab.errors import ConfigError
 CommPlan = Callable[[ModelShape, StepShape, int, dict], list[Call]]
 # (model, world size, strategy options, dtype, optimizer) -> model-state bytes of each rank
 MemoryPlan = Callable[[ModelShape, int, dict, str, str], list[ModelStates]]
+# (world size, strategy options) -> the planner's Plan fields of a run (costs.plan.Plan: dp, tp, pp, ...)
+Layout = Callable[[int, dict], dict]
 # (experiment, "experiments.<exp>.strategy_options.<strategy>", world size or "auto") -> raise ConfigError
 OptionCheck = Callable[[dict, str, "int | str"], None]
 
@@ -57,6 +59,20 @@ class StrategySpec:
     # False when the communication a run times is only part of its plan (what overlap left exposed, or
     # one group's collectives), so it cannot be held against a model of all of it (tables.communication).
     comm_timed_in_full: bool = True
+    # How a run of this strategy maps onto the planner's Plan (costs.plan): None = data parallel over
+    # every rank, on the ZeRO rung of `zero` when set; plain PyTorch ("torch") unless a layout says.
+    layout: Layout | None = None
+
+    def plan_fields(self, world: int, options: dict) -> dict:
+        """The planner's view of a run: Plan fields (degrees, schedule, ZeRO stage) for `world` ranks."""
+        if self.layout is not None:
+            return {"framework": "torch", **self.layout(world, options)}
+        fields = {"dp": world, "framework": "torch"}
+        if self.zero is not None:
+            offload = ("optimizer+params" if self.zero.offload_param else
+                       "optimizer" if self.zero.offload_optimizer else "none")
+            fields.update(zero=self.zero.stage, offload=offload, framework=self.zero.framework)
+        return fields
 
     def options(self, exp: dict) -> dict:
         return exp.get("strategy_options", {}).get(self.name, {})

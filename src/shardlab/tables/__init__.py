@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "communication",
-          "science", "verdicts", "planning")
+          "science", "verdicts", "planning", "predictions")
 
 
 @dataclass

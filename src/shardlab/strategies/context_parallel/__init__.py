@@ -20,5 +20,6 @@ SPECS = [
                         "send/recv).",
                  lambda model, step, world, options: context_parallel(model, step, world),
                  lambda model, world, options, dtype, optimizer: [unsharded(model.parameters(), dtype, optimizer)] * world,
-                 data_parallel_size=one, check_options=check_cp_options),
+                 data_parallel_size=one, check_options=check_cp_options,
+                 layout=lambda world, options: {"dp": 1, "cp": world}),
 ]

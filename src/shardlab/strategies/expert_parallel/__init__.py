@@ -33,5 +33,6 @@ SPECS = [
                  check_options=check_moe_options),
     StrategySpec("ep_moe", "shardlab.strategies.expert_parallel.strategy:ExpertParallelMoE", "expert parallel", TOPIC,
                  "Mixture of experts with experts sharded over ranks; tokens dispatched by uneven all-to-all.",
-                 _plan, _states, reference="moe_single", check_options=check_moe_options),
+                 _plan, _states, reference="moe_single", check_options=check_moe_options,
+                 layout=lambda world, options: {"dp": world, "ep": world}),
 ]

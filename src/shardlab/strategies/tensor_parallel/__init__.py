@@ -26,7 +26,9 @@ def _spec(name: str, target: str, summary: str, sequence: bool, dtensor: bool, t
     split = ("tp_sp_gathered" if dtensor else "tp_sp") if sequence else "tp"
     return StrategySpec(name, f"shardlab.strategies.tensor_parallel.{target}", "tensor parallel", TOPIC, summary,
                         lambda model, step, world, options: plan(model, step, world), _states(dtensor), twin=twin,
-                        data_parallel_size=one, check_options=check_tp_options, activation_split=split)
+                        data_parallel_size=one, check_options=check_tp_options, activation_split=split,
+                        layout=lambda world, options: {"dp": 1, "tp": world, "sp": sequence,
+                                                       "sp_gathered_inputs": split == "tp_sp_gathered"})
 
 
 SPECS = [

@@ -1,0 +1,37 @@
+# The planner on this study's own runs: every finished run's predicted memory and step time beside
+# what it measured, on this machine as calibrated by the DAG (logic: shardlab.tables.predictions).
+PREDICTION_TABLES = table_files("run_predictions", "run_prediction_ranking", "run_prediction_summary")
+PREDICTION_EVIDENCE = table_files("comm_fit") + TIMING_NOISE
+
+
+rule run_predictions_tables:
+    input:
+        summaries=[f"{run_dir(exp, s)}/summary.json" for exp, s in RUNS],
+        experiments=[settings_file(exp) for exp in EXPERIMENTS],
+        models=sorted({model_record(exp) for exp in EXPERIMENTS}),
+        tables=PREDICTION_EVIDENCE,
+        code=code(
+            "tables/predictions",
+            "costs/plan",
+            "costs/predict",
+            "costs/rank_memory",
+            "costs/step_time",
+            "costs/memory",
+            "costs/activations",
+            "costs/shapes",
+        ),
+        catalog=f"{SRC}/costs/hardware.yaml",
+    output:
+        PREDICTION_TABLES,
+    log:
+        f"{RESULTS}/logs/run_predictions_tables.log",
+    conda:
+        ENV
+    params:
+        out=lambda w, output: os.path.dirname(output[0]),
+        args=lambda w, input: table_args(input),
+    shell:
+        "python -m shardlab tables predictions --out-dir {params.out} {params.args} > {log} 2>&1"
+
+
+REPORT_INPUTS.extend(PREDICTION_TABLES)
