@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.costs.memory import host_bytes, predict
+from shardlab.costs.memory import host_bytes, parameter_shapes, predict
 from shardlab.costs.zero_tree import DEFAULT_HEADROOM, choose, feasibility
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
@@ -33,7 +33,10 @@ def _on_ladder(summary: dict) -> bool:
     return REGISTRY[summary["strategy"]].zero is not None
 
 
-def memory_rows(summaries: list[dict], training: dict) -> list[dict]:
+def memory_rows(summaries: list[dict], training: dict, shape=None) -> list[dict]:
+    """`shape`: the experiment's ModelShape, for the exact per-rank prediction (DeepSpeed's padding and
+    partition boundaries, FSDP2's chunks); without it, the even split."""
+    tensors = parameter_shapes(shape) if shape is not None else None
     rows = []
     for s in filter(_on_ladder, summaries):
         strategy = s["strategy"]
@@ -43,8 +46,9 @@ def memory_rows(summaries: list[dict], training: dict) -> list[dict]:
         if s["status"] != "ok":
             rows.append(dict(base, rank=None))
             continue
-        want = predict(strategy, s["model"]["parameters"], s["world_size"], training["dtype"], training["optimizer"])
         for rank in s["ranks"]:
+            want = predict(strategy, s["model"]["parameters"], s["world_size"], training["dtype"], training["optimizer"],
+                           tensors=tensors, rank=rank["rank"] if tensors else None)
             row = dict(base, rank=rank["rank"])
             for key in STATES:
                 predicted = getattr(want, key)
@@ -139,7 +143,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     for name, exp in inputs.experiments.items():
         summaries = [s for s in inputs.summaries if s["experiment"] == name]
         shape = inputs.model_shape(exp)
-        memory += memory_rows(summaries, exp["training"])
+        memory += memory_rows(summaries, exp["training"], shape)
         check += tree_check_rows(summaries, exp["training"], shape and shape.parameters(), device_memory(summaries),
                                  exp.get("launch", {}).get("device_memory_budget_bytes"))
     memory, check = pd.DataFrame(memory), pd.DataFrame(check)
