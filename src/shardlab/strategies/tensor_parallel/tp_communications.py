@@ -124,9 +124,11 @@ class _SequenceGatheredLinear(torch.autograd.Function):
     def backward(ctx, grad):
         x_shard, weight = ctx.saved_tensors
         x = _all_gather(x_shard, SEQ_DIM, ctx.group)  # recomputed instead of stored
-        grad_input = _reduce_scatter(grad @ weight, SEQ_DIM, ctx.group)
+        # Under autocast the forward ran in the gradient's dtype; backward runs outside autocast, so cast
+        # the saved fp32 tensors to it (autograd casts the returned gradients back to their inputs' dtypes).
+        grad_input = _reduce_scatter(grad @ weight.to(grad.dtype), SEQ_DIM, ctx.group)
         grad_2d = grad.reshape(-1, grad.shape[-1])
-        grad_weight = grad_2d.t() @ x.reshape(-1, x.shape[-1])
+        grad_weight = grad_2d.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)
         grad_bias = grad_2d.sum(0) if ctx.has_bias else None
         return grad_input, grad_weight, grad_bias, None
 
