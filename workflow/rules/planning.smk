@@ -12,6 +12,7 @@ PLANNING_TABLES = table_files(
     "planning_published",
     "planning_published_summary",
     "planning_crosscheck",
+    "planning_reported_mfu",
 )
 
 
