@@ -25,6 +25,18 @@ from shardlab.costs.shapes import ModelShape, StepShape, pipeline_rank_parameter
 
 GRAD_BYTES = PARAM_BYTES = 4  # fp32 master weights and gradients in every strategy of this project
 
+# Collectives one transformer layer issues per micro-batch, forward + backward: the counts of the
+# per-run plans below and of the planner's step time (costs.step_time) alike.
+TP_COLLECTIVES_PER_LAYER = 4  # after attention and after the MLP (all-reduce, or all-gather + reduce-scatter), fwd and bwd
+TP_COLLECTIVES_PER_RECOMPUTE = 2  # a recomputed forward repeats its two
+CP_RING_PASSES_PER_LAYER = 3  # K/V around the ring in forward; K/V and their gradients in backward
+EP_ALL_TO_ALLS_PER_LAYER = 4  # dispatch and combine, forward and backward
+
+
+def kv_message(tokens: float, kv_width: float, value_bytes: float) -> float:
+    """Bytes of one ring-attention hop: the K and V of a rank's tokens."""
+    return 2 * tokens * kv_width * value_bytes
+
 
 @dataclass(frozen=True)
 class Call:
@@ -96,9 +108,9 @@ def tensor_parallel(model: ModelShape, step: StepShape, tp: int, dp: int = 1) ->
     """Megatron TP: per layer, all-reduce after attention and after the MLP (forward) and of the
     input gradients of both column-parallel blocks (backward): 4 all-reduces of b*s*h elements."""
     per_row, n_micro = _activation_bytes(step, dp)
-    size = per_row * model.hidden_size
-    return [Call("all_reduce", size, 2 * model.num_layers * n_micro, tp, "TP forward all-reduce"),
-            Call("all_reduce", size, 2 * model.num_layers * n_micro, tp, "TP backward all-reduce")]
+    size, half = per_row * model.hidden_size, TP_COLLECTIVES_PER_LAYER // 2
+    return [Call("all_reduce", size, half * model.num_layers * n_micro, tp, "TP forward all-reduce"),
+            Call("all_reduce", size, half * model.num_layers * n_micro, tp, "TP backward all-reduce")]
 
 
 def sequence_parallel(model: ModelShape, step: StepShape, tp: int, dp: int = 1) -> list[Call]:
@@ -106,7 +118,7 @@ def sequence_parallel(model: ModelShape, step: StepShape, tp: int, dp: int = 1) 
     the same bus bytes, but LayerNorm/residual activations stay sharded along the sequence."""
     per_row, n_micro = _activation_bytes(step, dp)
     size = per_row * model.hidden_size
-    n = 2 * model.num_layers * n_micro  # two blocks per layer
+    n = TP_COLLECTIVES_PER_LAYER // 2 * model.num_layers * n_micro  # two blocks per layer
     return [Call("all_gather", size, n, tp, "SP forward all-gather"),
             Call("reduce_scatter", size, n, tp, "SP forward reduce-scatter"),
             Call("all_gather", size, n, tp, "SP backward all-gather"),
@@ -129,11 +141,12 @@ def context_parallel(model: ModelShape, step: StepShape, cp: int) -> list[Call]:
     """Ring attention: per layer, K and V chunks (2*b*(s/cp)*h) pass cp-1 times around the ring in
     forward; backward passes K/V and their gradients again. Parameters are replicated over the
     ring, so gradients are all-reduced as in DP."""
-    per_row, n_micro = _activation_bytes(step, 1, seq_len=step.seq_len // cp)
-    kv = 2 * per_row * model.hidden_size
+    rows, n_micro = step.micro_batches(1)
+    kv = kv_message(rows * step.seq_len // cp, model.kv_width, step.activation_bytes)
     hops = (cp - 1) * model.num_layers * n_micro
+    backward = CP_RING_PASSES_PER_LAYER - 1
     return [Call("sendrecv", kv, hops, cp, "CP K/V ring (forward)"),
-            Call("sendrecv", kv, 2 * hops, cp, "CP K/V and dK/dV ring (backward)"),
+            Call("sendrecv", kv, backward * hops, cp, "CP K/V and dK/dV ring (backward)"),
             *data_parallel(model, step, cp)]
 
 
@@ -142,10 +155,10 @@ def expert_parallel(model: ModelShape, step: StepShape, ep: int, top_k: int) -> 
     token (forward) and of their gradients (backward); the dense (non-expert) parameters are
     replicated and their gradients all-reduced."""
     per_row, n_micro = _activation_bytes(step, ep)
-    size = per_row * model.hidden_size * top_k
+    size, half = per_row * model.hidden_size * top_k, EP_ALL_TO_ALLS_PER_LAYER // 2
     dense = model.parameters() - model.num_layers * model.mlp_parameters()
-    return [Call("all_to_all", size, 2 * model.num_layers * n_micro, ep, "EP dispatch + combine (forward)"),
-            Call("all_to_all", size, 2 * model.num_layers * n_micro, ep, "EP dispatch + combine (backward)"),
+    return [Call("all_to_all", size, half * model.num_layers * n_micro, ep, "EP dispatch + combine (forward)"),
+            Call("all_to_all", size, half * model.num_layers * n_micro, ep, "EP dispatch + combine (backward)"),
             Call("all_reduce", dense * GRAD_BYTES, 1, ep, "dense-parameter gradient all-reduce")]
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from shardlab.costs import memory
 from shardlab.costs.collectives import bus_factor
+from shardlab.costs.comm_volume import (CP_RING_PASSES_PER_LAYER, EP_ALL_TO_ALLS_PER_LAYER, TP_COLLECTIVES_PER_LAYER,
+                                        TP_COLLECTIVES_PER_RECOMPUTE, kv_message)
 from shardlab.costs.plan import Plan, Workload
 from shardlab.costs.rank_memory import activation_layer_parts, rank_layers
 from shardlab.costs.shapes import ModelShape
@@ -75,16 +77,18 @@ def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict,
 
     act = tokens * model.hidden_size * plan.value_bytes
     per_node = device["gpus_per_node"]
-    tp_calls = {"none": 4, "selective": 4, "full": 6}[plan.recompute]
+    tp_calls = TP_COLLECTIVES_PER_LAYER + (TP_COLLECTIVES_PER_RECOMPUTE if plan.recompute == "full" else 0)
     tp = layers * tp_calls * collective_s(device, "all_reduce", act, plan.tp, True)
-    kv = 2 * tokens * model.kv_width * plan.value_bytes / plan.tp
-    ring = layers * 3 * (plan.cp - 1) * collective_s(device, "sendrecv", kv, plan.cp, plan.tp * plan.cp <= per_node)
+    kv = kv_message(tokens, model.kv_width, plan.value_bytes) / plan.tp
+    ring_passes = CP_RING_PASSES_PER_LAYER * layers
+    ring = ring_passes * (plan.cp - 1) * collective_s(device, "sendrecv", kv, plan.cp, plan.tp * plan.cp <= per_node)
     hide = device["overlap"]
-    cp = max(0.0, ring - hide * layers * 3 * core / gemm_s)  # ring attention overlaps the transfer with attention math
+    cp = max(0.0, ring - hide * ring_passes * core / gemm_s)  # ring attention overlaps the transfer with attention math
     ep = 0.0
     if model.num_experts and plan.ep > 1:
         routed = act * model.top_k / (plan.tp if plan.sp else 1)
-        ep = layers * 4 * collective_s(device, "all_to_all", routed, plan.ep, plan.tp * plan.ep <= per_node)
+        ep = layers * EP_ALL_TO_ALLS_PER_LAYER * collective_s(device, "all_to_all", routed, plan.ep,
+                                                             plan.tp * plan.ep <= per_node)
     zero = max(0.0, sharded_data_parallel_s(plan, device, layer_params * layers) - hide * compute)  # overlapped
     p2p = 0.0
     if plan.pp > 1:
