@@ -118,6 +118,12 @@ class Workload:
     seq_len: int
 
 
+def rung_fields(rung) -> dict:
+    """The Plan fields of a ZeRO rung (costs.memory.ZeroRung): stage, offload, framework."""
+    offload = "optimizer+params" if rung.offload_param else "optimizer" if rung.offload_optimizer else "none"
+    return {"zero": rung.stage, "offload": offload, "framework": rung.framework}
+
+
 def micro_batches(plan: Plan, workload: Workload) -> int:
     """Micro-batches each data-parallel replica runs per step (gradient accumulation x pipeline)."""
     return workload.global_batch // (plan.dp * plan.micro_batch)

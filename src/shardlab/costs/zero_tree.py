@@ -16,7 +16,7 @@ import argparse
 import re
 
 from shardlab.costs.memory import ZERO_LADDER, ZeroRung
-from shardlab.costs.plan import Plan
+from shardlab.costs.plan import Plan, rung_fields
 from shardlab.costs.rank_memory import model_states
 
 DEFAULT_HEADROOM = 0.25
@@ -51,8 +51,7 @@ def feasibility(n_params: float, gpus: int, gpu_mem: float, dtype: str = "bf16",
 
 def data_parallel_plan(rung: ZeroRung, gpus: int, dtype: str, optimizer: str) -> Plan:
     """The planner's plan for a rung of the ladder: every device a data-parallel rank."""
-    offload = "optimizer+params" if rung.offload_param else "optimizer" if rung.offload_optimizer else "none"
-    return Plan(dp=gpus, zero=rung.stage, offload=offload, framework=rung.framework, dtype=dtype, optimizer=optimizer)
+    return Plan(dp=gpus, dtype=dtype, optimizer=optimizer, **rung_fields(rung))
 
 
 def choose(rows: list[dict]) -> str | None:

@@ -12,6 +12,7 @@ from typing import Callable
 
 from shardlab.costs.comm_volume import Call
 from shardlab.costs.memory import ModelStates, ZeroRung
+from shardlab.costs.plan import rung_fields
 from shardlab.costs.shapes import ModelShape, StepShape
 from shardlab.errors import ConfigError
 
@@ -67,12 +68,7 @@ class StrategySpec:
         """The planner's view of a run: Plan fields (degrees, schedule, ZeRO stage) for `world` ranks."""
         if self.layout is not None:
             return {"framework": "torch", **self.layout(world, options)}
-        fields = {"dp": world, "framework": "torch"}
-        if self.zero is not None:
-            offload = ("optimizer+params" if self.zero.offload_param else
-                       "optimizer" if self.zero.offload_optimizer else "none")
-            fields.update(zero=self.zero.stage, offload=offload, framework=self.zero.framework)
-        return fields
+        return {"dp": world, **(rung_fields(self.zero) if self.zero is not None else {"framework": "torch"})}
 
     def options(self, exp: dict) -> dict:
         return exp.get("strategy_options", {}).get(self.name, {})
