@@ -5,6 +5,10 @@ from snakemake.utils import min_version
 
 min_version("8.20")
 
+# The planner's scenarios, shared by every study (config/planning.yaml).
+configfile: "config/planning.yaml"
+
+
 # The embedded default study, unless a --configfile replaces it (e.g. config/test.yaml).
 if not workflow.overwrite_configfiles:
 
