@@ -34,6 +34,9 @@ def prediction_row(p: Prediction) -> dict:
            "device_gb": p.device_bytes / GB, "usable_gb": p.capacity_bytes / GB, "fits": p.fits, "why": p.why}
     row.update({f"{k}_gb": p.memory[k] / GB for k in (*MEMORY_CATEGORIES, "host_bytes")})
     row.update({f"{k}_s": v for k, v in p.time.items()})
+    if p.time:  # what the step loses beyond compute, and its share
+        overhead = max((k for k in p.time if k != "compute"), key=p.time.get)
+        row["largest_overhead"] = f"{overhead} ({p.time[overhead] / p.step_s:.0%} of the step)"
     return row
 
 
@@ -47,7 +50,8 @@ def scenario_tables(s: Scenario, top: int, what_if: dict[str, dict]) -> dict[str
                    candidates=result.candidates, fitting=result.fitting, search_s=result.seconds,
                    best_plan=best.plan.label() if best else "none fits",
                    tokens_per_s=best.tokens_per_s if best else None, mfu=best.mfu if best else None,
-                   bottleneck=best.bottleneck if best else None)
+                   bottleneck=best.bottleneck if best else None,
+                   largest_overhead=prediction_row(best)["largest_overhead"] if best else None)
     top_rows = [dict(base, rank=i, **prediction_row(p)) for i, p in enumerate(result.ranked, 1)]
     rejected = [dict(base, reason=kind, plans=n, example=result.examples[kind]) for kind, n in result.rejected.most_common()]
     what_ifs = [dict(base, what_if="as catalogued", best_plan=summary["best_plan"], tokens_per_s=summary["tokens_per_s"],
