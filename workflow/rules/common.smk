@@ -130,6 +130,12 @@ def run_job_resources(exp, strategy):
     }
 
 
+def bench_gpus(settings, world):
+    """GPUs a benchmark job (comm_bench, tp_inference) asks for: one per rank on CUDA with a fixed world
+    size ('auto' takes the GPUs of the machine it lands on, so asks for none, like a run)."""
+    return world if settings.get("device") == "cuda" and world != "auto" else None
+
+
 def run_job_resource(name):
     return lambda w: run_job_resources(w.exp, w.strategy)[name]
 
