@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from shardlab.costs.bubble import theory_bubble_ratio
 from shardlab.costs.hardware import training_flops_per_token
 from shardlab.costs.plan import Cluster, Plan, Workload, micro_batches, rejection
 from shardlab.costs.rank_memory import (USABLE_MEMORY, activation_bytes, comm_buffer_bytes, layer_parameters_on_rank,
@@ -87,23 +88,21 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
         return Prediction(plan, memory_out, device_total, capacity, fits, {}, float("nan"), float("nan"),
                           float("nan"), "", why)
 
+    # A step: m micro-batches at the slowest rank's pace, plus the pipeline's fill and drain (the
+    # bubble of costs.bubble, in units of the first rank's micro-batch time).
     stages = {r: stage_times(model, plan, workload, device, r, layer_params, dropout) for r in ranks}
     per_micro = {r: sum(t.values()) for r, t in stages.items()}
     slowest = max(per_micro, key=per_micro.get)
-    first = stages[0]
-    fill_drain = (plan.pp - 1) / plan.virtual_stages * per_micro[0]
     time = {k: m * stages[slowest][k] for k in stages[slowest]}
-    time["pp_bubble"] = fill_drain
+    time["pp_bubble"] = theory_bubble_ratio(plan.pp, m, plan.virtual_stages) * m * per_micro[0]
     backward_s = stages[slowest]["compute"] * 2 / 3
     time["dp_comm"] = gradient_sync_s(plan, device, dense, experts, backward_s)
     time["optimizer"], time["offload"] = optimizer_s(plan, device, states)
     step = sum(time.values())
     tokens = workload.global_batch * workload.seq_len
-    peak = device["bf16_tflops"] * 1e12
+    peak = device["fp32_tflops" if plan.dtype == "fp32" else "bf16_tflops"] * 1e12
     model_flops = training_flops_per_token(model.active_parameters(), model.num_layers, model.hidden_size,
                                            workload.seq_len) * tokens
     mfu = model_flops / (step * plan.world * peak)
-    bottleneck = max((k for k in time if k != "compute"), key=time.get)
-    bottleneck = "compute" if first["compute"] * m >= time[bottleneck] else bottleneck
     return Prediction(plan, memory_out, device_total, capacity, fits, time, step, tokens / step, mfu,
-                      bottleneck, why)
+                      max(time, key=time.get), why)

@@ -99,17 +99,17 @@ def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, value_by
                         residual=model.residual, attention="eager" if attention == "eager" else "sdpa",
                         dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp)
     if model.num_experts and recompute != "full":
-        parts = dict(parts, mlp=parts["mlp"] + routed_expert_bytes(model, s * b, t, value_bytes, width, parts["mlp"]))
+        parts = dict(parts, mlp=parts["mlp"] + routed_expert_bytes(model, s * b, t, value_bytes, width))
     return parts
 
 
-def routed_expert_bytes(model: ModelShape, tokens: int, t: int, value_bytes: int, width: int, one_expert: float) -> float:
-    """What a top-k mixture of experts saves beyond one dense MLP of the expert's width (`one_expert`
-    bytes, its input included): k-1 more expert passes, the k dispatched copies of each token (the
-    experts' GEMM inputs) and the k expert outputs the weighted combine multiplies, the router's fp32
+def routed_expert_bytes(model: ModelShape, tokens: int, t: int, value_bytes: int, width: int) -> float:
+    """What a top-k mixture of experts saves beyond one dense MLP of the expert's width: k-1 more
+    expert passes (their hidden activations), the k dispatched copies of each token (the experts'
+    GEMM inputs) and the k expert outputs the weighted combine multiplies, and the router's fp32
     probabilities. Balanced routing assumed."""
     h, k = model.hidden_size, model.top_k
-    hidden = (one_expert - value_bytes * tokens * h / t) if t == 1 else one_expert - value_bytes * tokens * h
+    hidden = model.mlp_matrices * value_bytes * tokens * width / t  # GeLU input and output, or SwiGLU's three
     return (k - 1) * hidden + 2 * k * value_bytes * tokens * h / t + 4 * tokens * model.num_experts
 
 
