@@ -142,3 +142,29 @@ def test_megatron_formula_agrees_on_weights_and_optimizer():
     plan = Plan(dp=64, tp=8, pp=16, schedule="interleaved", virtual_stages=2)
     weights = [r for r in crosscheck.megatron_rows("llama3-405b", model, plan, workload) if "weights" in r["quantity"]]
     assert len(weights) == 2 and all(abs(r["planner_vs_tool_pct"]) < 3 for r in weights), weights
+
+
+def test_core_sharing_is_measured_where_it_can_be_and_time_shared_beyond_the_cores():
+    from shardlab.tables.predictions import concurrency_at
+
+    factors = {2: 0.7}
+    assert concurrency_at(1, factors, cores=2) == 1.0
+    assert concurrency_at(2, factors, cores=2) == 0.7
+    assert concurrency_at(4, factors, cores=2) == pytest.approx(0.35)  # 4 ranks on 2 cores: half each
+    assert concurrency_at(4, {}, cores=8) == 1.0  # nothing measured, cores to spare
+
+
+def test_a_pipeline_run_maps_onto_its_plan():
+    from shardlab.strategies import REGISTRY
+    from shardlab.tables import TableInputs
+    from shardlab.tables.predictions import run_setting
+
+    exp = {"name": "p", "model": {"name": "m", "source": "local", "vocab_size": 512, "hidden_size": 128, "num_layers": 4,
+                                  "num_heads": 4, "intermediate_size": 512},
+           "training": {"global_batch_size": 16, "seq_len": 64, "dtype": "fp32", "optimizer": "adamw"},
+           "strategy_options": {"pp_interleaved": {"n_microbatches": 4}}}
+    summary = {"experiment": "p", "strategy": "pp_interleaved", "world_size": 2}
+    model, plan, workload = run_setting(summary, exp, TableInputs(experiments={"p": exp}))
+    assert (plan.pp, plan.dp, plan.schedule, plan.virtual_stages, plan.micro_batch) == (2, 1, "interleaved", 2, 4)
+    assert plan.framework == "torch" and REGISTRY["pp_interleaved"].plan_fields(2, {})["pp"] == 2
+    assert workload == Workload(16, 64) and model.num_layers == 4
