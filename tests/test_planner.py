@@ -168,3 +168,16 @@ def test_a_pipeline_run_maps_onto_its_plan():
     assert (plan.pp, plan.dp, plan.schedule, plan.virtual_stages, plan.micro_batch) == (2, 1, "interleaved", 2, 4)
     assert plan.framework == "torch" and REGISTRY["pp_interleaved"].plan_fields(2, {})["pp"] == 2
     assert workload == Workload(16, 64) and model.num_layers == 4
+
+
+def test_prediction_tables_keep_their_columns_without_rows(tmp_path):
+    """A study with no experiment of three runs has nothing to rank: the table is empty, not unreadable."""
+    import pandas as pd
+
+    from shardlab.tables import TableInputs, write_tables
+    from shardlab.tables.predictions import build
+
+    write_tables({k: v for k, v in build(TableInputs()).items() if k != "run_predictions"}, tmp_path)
+    for name in ("run_prediction_ranking", "run_prediction_summary"):
+        frame = pd.read_csv(tmp_path / f"{name}.csv")
+        assert frame.empty and len(frame.columns) > 3
