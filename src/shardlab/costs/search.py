@@ -66,7 +66,8 @@ def candidates(model: ModelShape, cluster: Cluster, workload: Workload, space: S
             rest = world // (tp * cp)
             for pp in (p for p in _divisors(rest) if p <= model.num_layers):
                 dp = rest // pp
-                eps = [e for e in _powers_of_two(dp * cp) if (dp * cp) % e == 0 and model.num_experts % e == 0] if model.num_experts else [1]
+                eps = ([e for e in _powers_of_two(dp * cp) if (dp * cp) % e == 0 and model.num_experts % e == 0]
+                       if model.num_experts else [1])
                 schedules = [("1f1b", 1)] if pp == 1 else [("gpipe", 1), ("1f1b", 1)] + [
                     ("interleaved", v) for v in space.virtual_stages if pp * v <= model.num_layers]
                 for sp, (schedule, v), ep, (framework, zero, offload), mb, rc in itertools.product(
