@@ -33,7 +33,7 @@ def prediction_row(p: Prediction) -> dict:
            "tokens_per_s": p.tokens_per_s, "mfu": p.mfu, "step_s": p.step_s, "bottleneck": p.bottleneck,
            "device_gb": p.device_bytes / GB, "usable_gb": p.capacity_bytes / GB, "fits": p.fits, "why": p.why}
     row.update({f"{k}_gb": p.memory[k] / GB for k in (*MEMORY_CATEGORIES, "host_bytes")})
-    row.update({f"{k}_s": v for k, v in p.time.items()})
+    row.update({f"time_{k}_s": v for k, v in p.time.items()})  # seconds per step by component
     if p.time:  # what the step loses beyond compute, and its share
         overhead = max((k for k in p.time if k != "compute"), key=p.time.get)
         row["largest_overhead"] = f"{overhead} ({p.time[overhead] / p.step_s:.0%} of the step)"
