@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -38,18 +40,23 @@ PAGE_FACTS = """(() => {
 
 def inspect(html: Path, timeout_s: float = 60.0) -> dict:
     """Facts of `html` as Chromium renders it, plus every request it made and every error it logged."""
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helper processes may still write to the profile as it is removed: they are killed
+    # with the browser (its own process group), and a file left behind does not fail the check.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         # Every host name resolves to nothing: a request is still seen (and fails the check), at once,
         # instead of waiting on DNS on an offline machine.
         proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                  "--host-resolver-rules=MAP * ~NOTFOUND", "--remote-debugging-port=0",
                                  f"--user-data-dir={profile}", "about:blank"],
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             port = _devtools_port(proc, timeout_s)
             return asyncio.run(_inspect(port, html.resolve().as_uri(), timeout_s))
         finally:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait()
 
 
