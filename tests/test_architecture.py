@@ -33,6 +33,7 @@ ALLOWED = {
     "reporting": set(),
     "study": {"errors", "config", "core", "costs", "strategies", "science"},
     "prepare": {"errors", "core", "science"},
+    "pretrain": {"errors", "core", "science", "runner"},  # builds a model by running the runner
     "__main__": set(),  # dispatches by name (importlib), imports no command module
     "__init__": set(),
 }

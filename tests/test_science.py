@@ -193,7 +193,7 @@ def tiny_biology_lm(tmp_path_factory):
     docs, _ = read_documents(REPO / "data/biology/scop.train.csv", "scop_class", 300, split, "train")
     build_local_model({"vocab_size": 320, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
                        "intermediate_size": 64, "max_position_embeddings": 64}, root / "model")
-    fit_tokenizer(docs, 320).save_pretrained(root / "model")
+    fit_tokenizer("bpe", docs, 320).save_pretrained(root / "model")
     return LanguageModel(root / "model", batch_size=3), root / "splits"
 
 
@@ -305,7 +305,7 @@ def test_saved_models_match_the_single_device_run_and_evaluate(run_strategy, tin
     (runs / "broken").mkdir()
     (runs / "broken" / "summary.json").write_text(json.dumps({"status": "oom", "reason": "rank 0: OutOfMemoryError"}))
     write_splits(REPO / "data/chemistry/aqsoldb.csv", {"seed": 0}, tmp_path / "splits")
-    exp = {"name": "t", "strategies": ["single", "broken"], "data": {"format": "aqsoldb_logs"},
+    exp = {"name": "t", "strategies": ["single", "broken"], "data": {"format": "aqsoldb_logs"}, "training": {"seq_len": 32},
            "evaluation": {"max_examples": 10, "samples_per_condition": 3, "conditions": [-4.0, 0.0]}}
     rows = ev.evaluate_runs(exp, runs, tmp_path / "splits")
     assert {r["metric"] for r in rows if r["strategy"] == "single"} >= {"validity", "uniqueness", "condition_tracking_spearman"}

@@ -11,6 +11,7 @@ import sys
 COMMANDS = {
     "check-config": ("shardlab.study:check_main", "validate a config file without running anything"),
     "prepare-model": ("shardlab.prepare:model_main", "build or download an experiment's model"),
+    "pretrain": ("shardlab.pretrain:main", "pretrain the science base model on the science experiments' training parts"),
     "prepare-data": ("shardlab.prepare:data_main", "tokenize an experiment's corpus"),
     "launch": ("shardlab.runner.launch:main", "run one strategy under torchrun and record the outcome"),
     "plan": ("shardlab.costs.planner:main", "predict a parallel plan's memory and step time (evaluate) or rank all plans (search)"),

@@ -130,10 +130,13 @@ def check_settings(exp: dict, base_dir: Path | str = ".") -> None:
     model, data, training = exp["model"], exp["data"], exp["training"]
     if model["source"] == "hub" and "hub_id" not in model:
         raise ConfigError(f"{where}.model.hub_id", "required when model.source is 'hub'")
-    if model["source"] == "local":
-        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size"):
+    if model["source"] in ("local", "pretrain"):
+        sizes = ["hidden_size", "num_layers", "num_heads", "intermediate_size"]
+        # A pretrained char model's vocabulary is the characters of its corpus; a local model is built first.
+        sizes += ["vocab_size"] if model["source"] == "local" or model.get("tokenizer", "bpe") == "bpe" else []
+        for key in sizes:
             if key not in model:
-                raise ConfigError(f"{where}.model.{key}", "required when model.source is 'local'")
+                raise ConfigError(f"{where}.model.{key}", f"required when model.source is '{model['source']}'")
         if model["hidden_size"] % model["num_heads"]:
             raise ConfigError(f"{where}.model.num_heads", f"must divide hidden_size={model['hidden_size']}")
         max_pos = model.get("max_position_embeddings", 2048)

@@ -49,6 +49,14 @@ class Study:
         """Experiments whose data is a science format (chemistry, biology, materials): split, evaluated."""
         return [name for name, exp in self.experiments.items() if exp["data"]["format"] in SCIENCE_FORMATS]
 
+    def pretrain_settings(self, model_name: str) -> dict:
+        """What rule pretrain runs for a `source: pretrain` model (shardlab.pretrain)."""
+        return pretrain_settings(self.by_name("model")[model_name], self.experiments)
+
+    @property
+    def pretrained_models(self) -> list[str]:
+        return [name for name, model in self.by_name("model").items() if model["source"] == "pretrain"]
+
     def by_name(self, section: str) -> dict[str, dict]:
         """Models (section 'model') or corpora ('data') by name: one name, one definition."""
         key = "name" if section == "model" else "corpus"
@@ -198,6 +206,49 @@ def check_planning(config: dict) -> None:
         raise ConfigError("planning.zero_ladder.scenario", f"no scenario named {ladder['scenario']!r} (scenarios: {names})")
 
 
+def pretrain_settings(model: dict, experiments: dict[str, dict]) -> dict:
+    """{model, experiment, corpora} of a pretrained base model: the corpora are the listed science
+    experiments' data (their training parts only); the pretraining run is the first listed experiment
+    with `pretrain.training` over its training settings, run by `pretrain.strategy`, its final model saved."""
+    spec = model["pretrain"]
+    first = experiments[spec["experiments"][0]]
+    cap = spec.get("max_documents")
+    corpora = [dict(experiments[e]["data"], max_documents=cap.get(e) if isinstance(cap, dict) else cap)
+               for e in spec["experiments"]]
+    training = {**first["training"], **spec["training"], "save_model": True}
+    exp = {**first, "name": f"pretrain_{model['name']}", "strategies": [spec.get("strategy", SINGLE.name)], "training": training,
+           "data": {"corpus": f"{model['name']}_union", "path": "-", "format": "-", "windows": first["data"]["windows"]},
+           "strategy_options": {}, "evaluation": {}}
+    return {"model": model, "experiment": exp, "corpora": corpora}
+
+
+def check_pretrain(experiments: dict[str, dict]) -> None:
+    """A pretrained model lists science experiments with split data, none of which trains on its own
+    held-out rows; raises ConfigError naming the field."""
+    for exp in experiments.values():
+        model = exp["model"]
+        if model["source"] != "pretrain":
+            if model.get("tokenizer") == "auto":
+                raise ConfigError(f"experiments.{exp['name']}.model.tokenizer", "'auto' is for source: pretrain only")
+            continue
+        field = f"experiments.{exp['name']}.model.pretrain"
+        if "pretrain" not in model:
+            raise ConfigError(field, "required when model.source is 'pretrain'")
+        for i, name in enumerate(model["pretrain"]["experiments"]):
+            if name not in experiments:
+                raise ConfigError(f"{field}.experiments[{i}]", f"no experiment named {name!r}")
+            data = experiments[name]["data"]
+            if data["format"] not in SCIENCE_FORMATS or not data.get("split"):
+                raise ConfigError(f"{field}.experiments[{i}]",
+                                  f"{name!r} must have a science format and data.split (pretraining reads only its training part)")
+        cap = model["pretrain"].get("max_documents")
+        for name in cap if isinstance(cap, dict) else []:
+            if name not in model["pretrain"]["experiments"]:
+                raise ConfigError(f"{field}.max_documents.{name}", "not one of pretrain.experiments")
+        if model["pretrain"]["training"].get("seq_len", 0) > model.get("max_position_embeddings", 2048):
+            raise ConfigError(f"{field}.training.seq_len", "exceeds max_position_embeddings")
+
+
 def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     """Validate the whole config (schema defaults filled in place) and resolve its experiments."""
     schema = load_schema()
@@ -209,6 +260,7 @@ def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     for exp in experiments.values():
         check_experiment(exp, base_dir)
     _check_unique_names(experiments)
+    check_pretrain(experiments)
     return Study(experiments, shared_references(experiments))
 
 

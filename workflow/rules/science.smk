@@ -3,7 +3,14 @@
 # those whose data format is a science format. Logic: shardlab.core.splits, shardlab.science.evaluate,
 # shardlab.tables.science.
 SCIENCE_EXPERIMENTS = STUDY.science_experiments
-SCIENCE_TABLES = table_files("science_runs", "science_curves", "science_metrics")
+SCIENCE_TABLES = table_files("science_runs", "science_curves", "science_metrics", "science_tokenizers")
+PRETRAINED = STUDY.pretrained_models
+# Each pretrained model's pretraining run: (its settings, the strategy that runs it).
+PRETRAIN_RUNS = {
+    m: (STUDY.pretrain_settings(m)["experiment"], STUDY.pretrain_settings(m)["experiment"]["strategies"][0])
+    for m in PRETRAINED
+}
+TOKENIZER_TABLES = [f"{model_dir(m)}/tokenizers.{m}.csv" for m in PRETRAINED]
 
 
 # An experiment's evaluation, named after it: TableInputs keys tables by file stem.
@@ -15,11 +22,41 @@ SCIENCE_INPUTS = {
     "summaries": [f"{run_dir(e, s)}/summary.json" for e, s in SCIENCE_RUNS],
     "metrics": [f"{run_dir(e, s)}/metrics.jsonl" for e, s in SCIENCE_RUNS],
     "experiments": [settings_file(e) for e in SCIENCE_EXPERIMENTS],
-    "tables": [SCIENCE_METRICS.format(exp=e) for e in SCIENCE_EXPERIMENTS],
+    "tables": [SCIENCE_METRICS.format(exp=e) for e in SCIENCE_EXPERIMENTS] + TOKENIZER_TABLES,
     "code": code(
-        "tables/__init__", "tables/science", "science/formats", "science/evaluate"
+        "tables/__init__", "tables/science", "science/formats", "science/evaluate", "science/domains"
     ),
 }
+
+
+# The science base model (model.source: pretrain): pretrained once on the union of the science
+# experiments' training parts, by the study's runner, then fine-tuned by every science run like a
+# hub checkpoint. Logic: shardlab.pretrain, shardlab.science.tokenization.
+ruleorder: pretrain > prepare_model
+
+
+rule pretrain:
+    input:
+        sources=lambda w: [repo_path(c["path"]) for c in STUDY.pretrain_settings(w.model)["corpora"]],
+        code=lambda w: code("pretrain", "science/tokenization") + run_sources(PRETRAIN_RUNS[w.model][1]),
+    output:
+        record=f"{RESOURCES}/models/{{model}}/shardlab_model.json",
+        tokenizers=f"{RESOURCES}/models/{{model}}/tokenizers.{{model}}.csv",
+    log:
+        f"{RESOURCES}/logs/pretrain_{{model}}.log",
+    wildcard_constraints:
+        model="|".join(PRETRAINED) or "(?!)",
+    conda:
+        ENV
+    # Locally all cores, like a run: the pretraining is a training run of the study's runner.
+    threads: lambda w: job_threads(run_resources(*PRETRAIN_RUNS[w.model])["threads"])
+    params:
+        settings=lambda w: json.dumps(STUDY.pretrain_settings(w.model), sort_keys=True),
+        out=lambda w: model_dir(w.model),
+        base=workflow.basedir,
+    shell:
+        "python -m shardlab pretrain --settings {params.settings:q} --out {params.out} --base-dir {params.base:q}"
+        " > {log} 2>&1"
 
 
 rule science_splits:

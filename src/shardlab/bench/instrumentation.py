@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         strategy = get_spec(args.strategy).load()(load_model(args.model_dir), topo, training,
                                                   exp.get("strategy_options", {}).get(args.strategy, {}))
-        batches = TokenBatches.from_file(args.tokens, training)
+        batches = TokenBatches.from_file(args.tokens, training, exp["data"])
         run_block(strategy, batches, 0, args.warmup_steps, "instrumented")
         samples: dict[str, list[float]] = {mode: [] for mode in MODES}
         step = args.warmup_steps

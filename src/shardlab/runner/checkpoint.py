@@ -7,7 +7,8 @@ DeepSpeed's own `save_checkpoint` for the ZeRO rungs), every rank's RNG states, 
 records so far, earlier resumes). It is written under a temporary name and renamed when every
 rank has finished, so a folder named `step-<N>` is complete; anything else (a crash mid-write) is
 skipped with a message and removed, never loaded. The data position is the step itself: batches
-are a deterministic function of the step (`TokenBatches.global_batch`), and no LR schedule exists.
+are a deterministic function of the step (`TokenBatches.global_batch`), and so is the learning rate
+(`loop.learning_rate`).
 A checkpoint made with other settings (`resume_key`: what decides the training trajectory) is not
 resumed from, nor one written at another world size by a strategy that cannot reshard its state.
 """

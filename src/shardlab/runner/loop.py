@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import torch
@@ -53,6 +54,19 @@ class PendingSteps:
         flushed = [dict(s, loss=loss, step_time_s=t) for s, loss, t in zip(self.steps, losses, times)]
         self.steps = []
         return flushed
+
+
+def learning_rate(training: dict, step: int) -> float:
+    """training.lr at `step`: constant, or (lr_schedule: cosine) a linear warm-up over lr_warmup_steps, then
+    a cosine decay to a tenth of it at the last step. A function of the step alone, so a resumed run
+    continues the schedule exactly."""
+    peak, warmup, last = training["lr"], training.get("lr_warmup_steps", 0), training["steps"] - 1
+    if training.get("lr_schedule", "constant") == "constant":
+        return peak
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, last - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def validation_loss(strategy: Strategy, batches: TokenBatches, n_batches: int) -> float:
@@ -112,6 +126,8 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
         inputs, labels = strategy.local_batch(*batches.global_batch(step))
         micro = strategy.micro_batches(inputs.to(device), labels.to(device))
         first = step == start_step  # the probe step (step 0, or the first step after a resume)
+        if training.get("lr_schedule", "constant") != "constant":
+            strategy.set_lr(learning_rate(training, step))
 
         inject_fault(training["fault_injection"], step, topo.rank, resumed=start_step > 0)
         # The first step (step 0: a warm-up step, never timed) also probes activations and state bytes.

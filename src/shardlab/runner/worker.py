@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> None:
             (out / "artifacts").mkdir(exist_ok=True)
             for name, content in strategy.artifacts().items():
                 write_json(out / "artifacts" / name, content)
-        batches = TokenBatches.from_file(args.tokens, training)
+        batches = TokenBatches.from_file(args.tokens, training, exp["data"])
         log = StepLog(out / "metrics.jsonl" if topo.is_main else None)
         if topo.is_main:
             print(f"[{args.strategy}] {exp['name']}: {n_params:,} parameters, {topo.world_size} rank(s), "

@@ -9,6 +9,10 @@
   of the sequence given its true tag (vs a residue-unigram model of the training set).
 - materials: score every band-gap bin before each held-out formula and predict the posterior
   median; MAE vs predicting the training mean, on the test split and on extra sets (expt_gap).
+
+Every metric comes with a 95 % percentile-bootstrap interval over its rows (samples or test rows),
+so does its baseline, and so does their difference (paired where both score the same rows);
+`beats_baseline` is true when the difference's interval excludes zero on the better side.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import numpy as np
 
 from shardlab.science.formats import ConditionalFormat
 from shardlab.science.language_model import LanguageModel
-from shardlab.science.measures import (accuracy_from_scores, canonical_smiles, esol_logs, majority_accuracy,
-                                       mean_absolute_error, posterior_median, smiles_quality, spearman,
-                                       unigram_perplexity, unigram_samples)
+from shardlab.science.measures import (accuracy_from_scores, bootstrap_interval, canonical_smiles, quality_indicators,
+                                       esol_logs, majority_accuracy, mean_absolute_error, posterior_median, spearman,
+                                       unigram_nll, unigram_samples)
 
 
 # --- data helpers -------------------------------------------------------------------------------
@@ -46,9 +50,38 @@ def subsample(rows: list, n: int, seed: int) -> list:
     return [rows[i] for i in keep]
 
 
-def metric(domain, test_set, name, value, baseline, baseline_name, n, note=""):
-    return {"domain": domain, "test_set": test_set, "metric": name, "value": value, "baseline": baseline,
-            "baseline_name": baseline_name, "n": n, "note": note}
+def compared(model, baseline, sizes: tuple[int, int] | tuple[int], better: str | None, seed: int) -> dict:
+    """Value, baseline and intervals of a metric. `model` and `baseline` are statistics of index arrays
+    (the rows to use); one size means both score the same rows (a paired difference), two sizes mean
+    independent samples; a float baseline is a constant (e.g. 0 for a condition-blind sampler)."""
+    everything = [np.arange(n) for n in sizes]
+    value = model(everything[0])
+    constant = not callable(baseline)
+    base = baseline if constant else baseline(everything[-1])
+    low, high = bootstrap_interval(model, sizes[:1], seed=seed)
+    base_low, base_high = (base, base) if constant else bootstrap_interval(baseline, sizes[-1:], seed=seed + 1)
+    if constant:
+        diff_low, diff_high = low - base, high - base
+    elif len(sizes) == 1:
+        diff_low, diff_high = bootstrap_interval(lambda i: model(i) - baseline(i), sizes, seed=seed + 2)
+    else:
+        diff_low, diff_high = bootstrap_interval(lambda i, j: model(i) - baseline(j), sizes, seed=seed + 2)
+    beats = None
+    if better and np.isfinite(diff_low):
+        beats = bool(diff_low > 0) if better == "higher" else bool(diff_high < 0)
+    return {"value": value, "low": low, "high": high, "baseline": base, "baseline_low": base_low,
+            "baseline_high": base_high, "difference_low": diff_low, "difference_high": diff_high, "better": better,
+            "beats_baseline": beats}
+
+
+def row(domain, test_set, name, baseline_name, n, stats: dict, note="") -> dict:
+    return {"domain": domain, "test_set": test_set, "metric": name, "baseline_name": baseline_name, "n": n,
+            "note": note, **stats}
+
+
+def mean_of(flags: np.ndarray):
+    """The statistic `mean of the flags picked`, for `compared`."""
+    return lambda i: float(np.mean(flags[i])) if len(i) else float("nan")
 
 
 # --- the three domains --------------------------------------------------------------------------
@@ -59,27 +92,35 @@ def evaluate_chemistry(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, 
     n = settings["samples_per_condition"]
     conditions, samples = [], []
     for i, value in enumerate(settings["conditions"]):
-        drawn = lm.sample(fmt.tag_text(value), n, max_new_tokens=96, seed=seed + i)
+        drawn = lm.sample(fmt.tag_text(value), n, max_new_tokens=96, seed=seed + i, temperature=settings["temperature"])
         conditions += [fmt.bin(value)] * len(drawn)
         samples += drawn
-    quality = smiles_quality(samples, known)
-    base = smiles_quality(unigram_samples(train_smiles, len(samples), seed), known)
-    predicted = [(c, esol_logs(s)) for c, s in zip(conditions, samples) if canonical_smiles(s)]
-    predicted = [(c, p) for c, p in predicted if p is not None]
-    tracking = spearman([c for c, _ in predicted], [p for _, p in predicted])
+    canonical = [canonical_smiles(s) for s in samples]
+    flags = quality_indicators(canonical, known)
+    base = quality_indicators([canonical_smiles(s) for s in unigram_samples(train_smiles, len(samples), seed)], known)
+    quality = {name: compared(mean_of(flags[name]), mean_of(base[name]), (len(flags[name]), len(base[name])),
+                              None if name == "novelty" else "higher", seed) for name in flags}
+    estimates = [(c, esol_logs(s)) for c, s in zip(conditions, canonical) if s]
+    estimates = np.array([(c, e) for c, e in estimates if e is not None], float).reshape(-1, 2)
+    tracking = lambda i: spearman(estimates[i, 0], estimates[i, 1])  # noqa: E731
     test = subsample(labelled_rows(splits / "test.csv", fmt), settings["max_examples"], seed)
-    esol_test = [(label, esol_logs(body)) for label, body in test]
-    esol_test = [(measured, estimate) for measured, estimate in esol_test if estimate is not None]
-    esol_check = spearman([m for m, _ in esol_test], [e for _, e in esol_test])
-    total = len(samples)
+    calibration = np.array([(label, e) for label, e in ((label, esol_logs(body)) for label, body in test)
+                            if e is not None], float).reshape(-1, 2)
+    esol_check = lambda i: spearman(calibration[i, 0], calibration[i, 1])  # noqa: E731
+    unigram = "character-unigram sampler"
+    temperature = f"sampled at temperature {settings['temperature']}"
     return [
-        metric("chemistry", "sampled", "validity", quality["validity"], base["validity"], "character-unigram sampler", total),
-        metric("chemistry", "sampled", "uniqueness", quality["uniqueness"], base["uniqueness"], "character-unigram sampler", total),
-        metric("chemistry", "sampled", "novelty", quality["novelty"], base["novelty"], "character-unigram sampler", total),
-        metric("chemistry", "sampled", "condition_tracking_spearman", tracking, 0.0, "condition-blind sampler",
-               len(predicted), "Spearman(requested logS bin, ESOL-predicted logS) over valid samples"),
-        metric("chemistry", "test", "esol_vs_measured_spearman", esol_check, float("nan"), "none (calibrates the predictor)",
-               len(test), "how well ESOL tracks measured logS on held-out molecules"),
+        row("chemistry", "sampled", "validity", unigram, len(samples), quality["validity"], temperature),
+        row("chemistry", "sampled", "uniqueness", unigram, len(flags["uniqueness"]), quality["uniqueness"],
+            "distinct molecules among the valid samples"),
+        row("chemistry", "sampled", "novelty", unigram, len(flags["novelty"]), quality["novelty"],
+            "distinct valid samples not in the training set (the unigram sampler's few valid ones are trivially new)"),
+        row("chemistry", "sampled", "condition_tracking_spearman", "condition-blind sampler", len(estimates),
+            compared(tracking, 0.0, (len(estimates),), "higher", seed),
+            "Spearman(requested logS bin, ESOL-predicted logS) over valid samples"),
+        row("chemistry", "test", "esol_vs_measured_spearman", "none (calibrates the predictor)", len(calibration),
+            compared(esol_check, float("nan"), (len(calibration),), None, seed),
+            "how well ESOL tracks measured logS on held-out molecules"),
     ]
 
 
@@ -87,20 +128,25 @@ def evaluate_biology(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, se
     train = labelled_rows(splits / "train.csv", fmt)
     classes = sorted({label for label, _ in train})
     test = subsample(labelled_rows(splits / "test.csv", fmt), settings["max_examples"], seed)
-    truth, bodies = [label for label, _ in test], [body for _, body in test]
+    truth, bodies = np.array([label for label, _ in test]), [body for _, body in test]
     scores = np.zeros((len(test), len(classes)))
     for k, cls in enumerate(classes):
         tag_lp, body_lp, _ = lm.score([fmt.tag_text(cls)] * len(test), bodies)
         scores[:, k] = tag_lp + body_lp
-    majority, majority_acc = majority_accuracy([label for label, _ in train], truth)
+    train_labels = [label for label, _ in train]
+    majority = majority_accuracy(train_labels, truth)[0]
     _, body_lp, chars = lm.score([fmt.tag_text(t) for t in truth], bodies)
-    perplexity = math.exp(-body_lp.sum() / chars.sum())
-    baseline_ppl = unigram_perplexity([body for _, body in train], bodies)
+    # The unigram model scores the same residues the model could (those inside its context).
+    base_nll = unigram_nll([body for _, body in train], [b[:int(c)] for b, c in zip(bodies, chars)])
+    perplexity = lambda nll: (lambda i: math.exp(nll[i].sum() / chars[i].sum()))  # noqa: E731
+    context = f"per residue of the first {int(chars.max())} at most (the model's context), given the true class tag"
     return [
-        metric("biology", "test", "class_accuracy", accuracy_from_scores(scores, classes, truth), majority_acc,
-               f"majority class '{majority}'", len(test), f"argmax over {len(classes)} class tags"),
-        metric("biology", "test", "residue_perplexity", perplexity, baseline_ppl, "residue-unigram model", len(test),
-               "per residue, given the true class tag (lower is better)"),
+        row("biology", "test", "class_accuracy", f"majority class '{majority}'", len(test),
+            compared(lambda i: accuracy_from_scores(scores[i], classes, truth[i]),
+                     lambda i: majority_accuracy(train_labels, truth[i])[1], (len(test),), "higher", seed),
+            f"argmax over {len(classes)} class tags"),
+        row("biology", "test", "residue_perplexity", "residue-unigram model", len(test),
+            compared(perplexity(-body_lp), perplexity(base_nll), (len(test),), "lower", seed), context),
     ]
 
 
@@ -112,15 +158,16 @@ def evaluate_materials(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, 
     rows = []
     for name, path in test_sets.items():
         test = subsample(labelled_rows(path, fmt), settings["max_examples"], seed)
-        truth, formulas = [label for label, _ in test], [body for _, body in test]
+        truth, formulas = np.array([label for label, _ in test], float), [body for _, body in test]
         scores = np.zeros((len(test), len(candidates)))
         for k, gap in enumerate(candidates):
             tag_lp, body_lp, _ = lm.score([fmt.tag_text(gap)] * len(test), formulas)
             scores[:, k] = tag_lp + body_lp
-        predicted = posterior_median(scores, candidates)
-        rows.append(metric("materials", name, "gap_mae_eV", mean_absolute_error(predicted, truth),
-                           mean_absolute_error([train_gaps.mean()] * len(truth), truth), "training mean", len(test),
-                           f"posterior median over {len(candidates)} bins of {fmt.bin_width} eV (lower is better)"))
+        predicted, mean = posterior_median(scores, candidates), np.full(len(truth), train_gaps.mean())
+        rows.append(row("materials", name, "gap_mae_eV", "training mean", len(test),
+                        compared(lambda i: mean_absolute_error(predicted[i], truth[i]),
+                                 lambda i: mean_absolute_error(mean[i], truth[i]), (len(test),), "lower", seed),
+                        f"posterior median over {len(candidates)} bins of {fmt.bin_width} eV (lower is better)"))
     return rows
 
 

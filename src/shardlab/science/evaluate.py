@@ -4,22 +4,25 @@
 
 The scoring is in `domains` (one evaluation per domain), `measures` (the metric functions) and
 `language_model` (the model as scorer and sampler); this module runs it over an experiment's runs.
-A run without a saved model (failed, or training.save_model off) is recorded, not fatal.
+A run without a saved model (failed, or training.save_model off) is recorded, not fatal; a model whose
+weights are byte-identical to one already scored shares its rows (the evaluation is deterministic).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from pathlib import Path
 
-from shardlab.science.domains import DOMAIN_EVALUATORS, metric
+from shardlab.science.domains import DOMAIN_EVALUATORS, row as metric_row
 from shardlab.science.formats import FORMATS
 from shardlab.science.language_model import LanguageModel
 
 DEFAULT_SETTINGS = {"max_examples": 100, "samples_per_condition": 16, "conditions": [-6.0, -4.0, -2.0, 0.0],
-                    "extra_test_sets": {}}
-COLUMNS = ["experiment", "strategy", "run_status", "domain", "test_set", "metric", "value", "baseline",
+                    "extra_test_sets": {}, "temperature": 1.0}
+COLUMNS = ["experiment", "strategy", "run_status", "domain", "test_set", "metric", "value", "low", "high", "baseline",
+           "baseline_low", "baseline_high", "difference_low", "difference_high", "better", "beats_baseline",
            "baseline_name", "n", "note"]
 
 
@@ -27,7 +30,7 @@ def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0) -> lis
     """One metric row per (strategy, metric); a run without a model is recorded, not fatal."""
     fmt = FORMATS[exp["data"]["format"]]
     settings = {**DEFAULT_SETTINGS, **(exp.get("evaluation") or {})}
-    rows = []
+    rows, evaluated = [], {}
     for strategy in exp["strategies"]:
         run = runs_dir / strategy
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
@@ -35,18 +38,34 @@ def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0) -> lis
         base = {"experiment": exp["name"], "strategy": strategy, "run_status": status}
         if status != "ok" or not (run / "model").is_dir():
             reason = summary.get("reason") or "no saved model (training.save_model off?)"
-            rows.append({**base, **metric(fmt.domain, "-", "not_evaluated", float("nan"), float("nan"), "-", 0, reason)})
+            rows.append({**base, **metric_row(fmt.domain, "-", "not_evaluated", "-", 0,
+                                       {"value": float("nan"), "baseline": float("nan")}, reason)})
             continue
-        lm = LanguageModel(run / "model")
-        for row in DOMAIN_EVALUATORS[fmt.domain](lm, fmt, splits, settings, seed):
-            rows.append({**base, **row})
+        weights = weights_digest(run / "model")
+        if weights in evaluated:  # the same bytes score the same: e.g. DDP and FSDP2 often save identical weights
+            twin, twin_rows = evaluated[weights]
+            rows += [{**r, **base, "note": f"{r['note']}; weights identical (sha256) to {twin}'s".lstrip("; ")}
+                     for r in twin_rows]
+            continue
+        lm = LanguageModel(run / "model", context=exp["training"]["seq_len"])
+        scored = [{**base, **row} for row in DOMAIN_EVALUATORS[fmt.domain](lm, fmt, splits, settings, seed)]
+        evaluated[weights] = (strategy, scored)
+        rows += scored
     return rows
+
+
+def weights_digest(model_dir: Path) -> str:
+    """sha256 of a saved model's weight files: equal digests mean the evaluation would repeat itself exactly."""
+    digest = hashlib.sha256()
+    for path in sorted(model_dir.glob("*.safetensors")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def write_rows(rows: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, restval="")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -67,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     exp = json.loads(args.experiment_config.read_text())
     rows = evaluate_runs(exp, args.runs, args.splits, seed=exp["training"]["seed"])
     write_rows(rows, args.out)
-    for row in rows:
-        print(f"{row['strategy']:>16s} {row['test_set']:>10s} {row['metric']:>28s} {row['value']:.4g} "
-              f"(baseline {row['baseline']:.4g}: {row['baseline_name']})")
+    for r in rows:
+        print(f"{r['strategy']:>16s} {r['test_set']:>10s} {r['metric']:>28s} {r['value']:.4g} "
+              f"[{r.get('low', float('nan')):.4g}, {r.get('high', float('nan')):.4g}] (baseline "
+              f"{r['baseline']:.4g}: {r['baseline_name']}; beats it: {r.get('beats_baseline')})")
     return 0
 
 

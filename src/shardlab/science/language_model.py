@@ -19,7 +19,9 @@ class LanguageModel:
     body separately gives the same tokens as tokenizing the whole text.
     """
 
-    def __init__(self, model_dir: Path | str, batch_size: int = 64):
+    def __init__(self, model_dir: Path | str, batch_size: int = 64, context: int | None = None):
+        """`context`: the longest sequence scored or sampled (the training seq_len: positions beyond it
+        were never trained); the model's own limit when None."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -28,7 +30,7 @@ class LanguageModel:
         self.model.config.use_cache = True  # training saved it off; sampling needs the KV cache to be cheap
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos = self.tokenizer.eos_token_id
-        self.max_len = getattr(self.model.config, "max_position_embeddings", 2048)
+        self.max_len = min(context or 1 << 30, getattr(self.model.config, "max_position_embeddings", 2048))
         self.batch_size = batch_size
 
     def _ids(self, text: str) -> list[int]:
@@ -68,8 +70,8 @@ class LanguageModel:
                 chars[start + i] = n_chars
         return tag_lp, body_lp, chars
 
-    def sample(self, tag: str, n: int, max_new_tokens: int, seed: int) -> list[str]:
-        """`n` bodies generated after `tag` (ancestral sampling, temperature 1), cut at end-of-text."""
+    def sample(self, tag: str, n: int, max_new_tokens: int, seed: int, temperature: float = 1.0) -> list[str]:
+        """`n` bodies generated after `tag` (ancestral sampling at `temperature`), cut at end-of-text."""
         import torch
 
         torch.manual_seed(seed)
@@ -77,7 +79,7 @@ class LanguageModel:
         max_new_tokens = min(max_new_tokens, self.max_len - prompt.shape[1])
         with torch.no_grad():
             out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=0,
-                                      top_p=1.0, temperature=1.0, max_new_tokens=max_new_tokens,
+                                      top_p=1.0, temperature=temperature, max_new_tokens=max_new_tokens,
                                       eos_token_id=self.eos, pad_token_id=self.eos, use_cache=True)
         texts = []
         for row in out[:, prompt.shape[1]:].tolist():

@@ -2,7 +2,7 @@
 (tested on hand-made cases): SMILES validity/uniqueness/novelty and Delaney's ESOL estimate
 (chemistry), rank correlation, classification accuracy and the majority class (biology), the
 posterior median over binned labels and its absolute error (materials), character-unigram
-perplexity and samples (the baselines)."""
+perplexity and samples (the baselines), and the percentile bootstrap that gives each its interval."""
 
 from __future__ import annotations
 
@@ -25,14 +25,28 @@ def canonical_smiles(smiles: str) -> str | None:
 
 def smiles_quality(samples: list[str], training: set[str]) -> dict:
     """validity (parseable / all), uniqueness (distinct canonical / valid), novelty (distinct not in training / distinct)."""
-    canonical = [canonical_smiles(s) for s in samples]
-    valid = [c for c in canonical if c is not None]
-    distinct = set(valid)
-    return {
-        "validity": len(valid) / len(samples) if samples else float("nan"),
-        "uniqueness": len(distinct) / len(valid) if valid else float("nan"),
-        "novelty": len(distinct - training) / len(distinct) if distinct else float("nan"),
-    }
+    return canonical_quality([canonical_smiles(s) for s in samples], training)
+
+
+def canonical_quality(canonical, training: set[str]) -> dict:
+    """`smiles_quality` of samples already canonicalised (None or "" for an invalid one)."""
+    return {name: float(np.mean(flags)) if len(flags) else float("nan")
+            for name, flags in quality_indicators(canonical, training).items()}
+
+
+def quality_indicators(canonical, training: set[str]) -> dict[str, np.ndarray]:
+    """Each quality as the mean of per-item flags, so that it can be bootstrapped over items (resampling
+    the samples themselves would repeat molecules and bias uniqueness down): validity, one flag per
+    sample; uniqueness, one per valid sample (the first occurrence of its molecule); novelty, one per
+    distinct molecule (not in training)."""
+    valid = [c for c in canonical if c]
+    seen: set[str] = set()
+    first = []
+    for c in valid:
+        first.append(c not in seen)
+        seen.add(c)
+    return {"validity": np.array([bool(c) for c in canonical]), "uniqueness": np.array(first, bool),
+            "novelty": np.array([c not in training for c in dict.fromkeys(valid)], bool)}
 
 
 def esol_logs(smiles: str) -> float | None:
@@ -96,13 +110,18 @@ def mean_absolute_error(predicted, truth) -> float:
     return float(np.mean(np.abs(np.asarray(predicted, float) - np.asarray(truth, float))))
 
 
-def unigram_perplexity(train_texts: list[str], test_texts: list[str]) -> float:
-    """Per-character perplexity of a character-unigram model (add-one smoothed) of the training texts."""
+def unigram_nll(train_texts: list[str], test_texts: list[str]) -> np.ndarray:
+    """Per test text, the negative log-likelihood (nats) of a character-unigram model (add-one
+    smoothed) of the training texts."""
     counts = Counter("".join(train_texts))
     alphabet = set(counts) | set("".join(test_texts))
     total = sum(counts.values()) + len(alphabet)
-    nll = [-math.log((counts[c] + 1) / total) for text in test_texts for c in text]
-    return math.exp(sum(nll) / len(nll))
+    return np.array([sum(-math.log((counts[c] + 1) / total) for c in text) for text in test_texts])
+
+
+def unigram_perplexity(train_texts: list[str], test_texts: list[str]) -> float:
+    """Per-character perplexity of a character-unigram model (add-one smoothed) of the training texts."""
+    return math.exp(unigram_nll(train_texts, test_texts).sum() / sum(map(len, test_texts)))
 
 
 def unigram_samples(train_texts: list[str], n: int, seed: int) -> list[str]:
@@ -114,3 +133,20 @@ def unigram_samples(train_texts: list[str], n: int, seed: int) -> list[str]:
     probs /= probs.sum()
     lengths = rng.choice([len(t) for t in train_texts], size=n)
     return ["".join(rng.choice(chars, size=length, p=probs)) for length in lengths]
+
+
+def bootstrap_interval(stat, sizes: tuple[int, ...], replicates: int = 1000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of `stat(*indices)`, one index array resampled (with replacement)
+    per independent sample of `sizes`: one sample for a metric or a paired difference (the same rows
+    for model and baseline), two for a difference of independent samples. Replicates whose statistic
+    is undefined (NaN: e.g. no valid molecule drawn) are left out."""
+    if min(sizes) == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    values = np.array([stat(*(rng.integers(0, n, n) for n in sizes)) for _ in range(replicates)], float)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return float("nan"), float("nan")
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)

@@ -166,6 +166,11 @@ class Strategy:
     def optimizer_step(self) -> None:
         self.optimizer.step()
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the coming step (training.lr_schedule)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 

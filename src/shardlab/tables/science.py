@@ -7,7 +7,9 @@ evaluation (`science_metrics.<experiment>.csv`, from `shardlab.science.evaluate`
 - science_curves: one row per validation point (experiment, domain, strategy, step, elapsed_s, val_loss)
 - science_runs: one row per run (status, tokens/s, step time, peak memory, final validation loss,
   the domain's target validation loss and the time each run took to reach it)
-- science_metrics: the evaluators' rows, concatenated
+- science_metrics: the evaluators' rows, concatenated (value, baseline, their bootstrap intervals)
+- science_tokenizers: the tokenizer comparison of each pretrained base model (rule pretrain), with
+  the choice per domain and the one the base model uses
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_si
                "step_time_median_s", "peak_bytes_max_rank", "peak_kind", "final_val_loss", "target_val_loss",
                "time_to_target_s"]
 CURVE_COLUMNS = ["experiment", "domain", "strategy", "step", "elapsed_s", "val_loss"]
+TOKENIZER_COLUMNS = ["model", "domain", "tokenizer", "vocab_size", "bodies", "tokens_per_char", "unit_crossing_fraction",
+                     "rare_token_fraction", "types_used", "chosen_for_domain", "used_by_base_model", "reason"]
+TOKENIZER_TABLE = "tokenizers."  # stem prefix of shardlab.pretrain.tokenizer_table
 
 
 def is_science(exp: dict) -> bool:
@@ -90,7 +95,11 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         if metrics_table_name(name) in inputs.tables:
             metrics.append(inputs.tables[metrics_table_name(name)])
     metrics = [m for m in metrics if len(m)]
+    tokenizers = [table.assign(model=name.removeprefix(TOKENIZER_TABLE)) for name, table in inputs.tables.items()
+                  if name.startswith(TOKENIZER_TABLE)]
     return {"science_runs": pd.DataFrame(runs, columns=RUN_COLUMNS),
             "science_curves": pd.DataFrame(curves, columns=CURVE_COLUMNS),
             "science_metrics": (pd.concat(metrics, ignore_index=True) if metrics
-                                else pd.DataFrame(columns=METRIC_COLUMNS)).reindex(columns=METRIC_COLUMNS)}
+                                else pd.DataFrame(columns=METRIC_COLUMNS)).reindex(columns=METRIC_COLUMNS),
+            "science_tokenizers": (pd.concat(tokenizers, ignore_index=True) if tokenizers
+                                   else pd.DataFrame(columns=TOKENIZER_COLUMNS)).reindex(columns=TOKENIZER_COLUMNS)}
