@@ -15,6 +15,7 @@ from conftest import TEST_TOKENS_PER_STEP, assert_within
 from shardlab.study import load_study_file
 from shardlab.tables.parity import tolerance
 from shardlab.core.data import TEXT_FORMATS, read_documents
+from shardlab.core.model import snapshots
 from shardlab.science import domains, measures
 from shardlab.science import evaluate as ev
 from shardlab.science.language_model import LanguageModel
@@ -158,6 +159,10 @@ def test_esol_orders_known_solubilities_and_spearman():
     assert measures.spearman([1, 2, 3, 4], [10, 20, 25, 100]) == pytest.approx(1.0)
     assert measures.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert math.isnan(measures.spearman([1, 1, 1], [1, 2, 3]))
+    # Ties share their mean rank: x ranks (0.5, 0.5, 2, 3), y ranks (0, 1, 2, 3); Pearson of those by hand.
+    assert measures._ranks(np.array([2.0, 2.0, 5.0, 7.0])).tolist() == [0.5, 0.5, 2.0, 3.0]
+    assert measures._ranks(np.array([3.0, 1.0, 3.0, 3.0])).tolist() == [2.0, 0.0, 2.0, 2.0]
+    assert measures.spearman([2, 2, 5, 7], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5), rel=1e-12)
 
 
 def test_classification_accuracy_and_majority_baseline():
@@ -236,9 +241,10 @@ def _science_inputs() -> TableInputs:
                           "final_val_loss": losses[-1], "tokens_per_s": 10.0,
                           "ranks": [{"peak_bytes": 5}, {"peak_bytes": 7}],
                           "step_log": [{"step": i, "elapsed_s": i + 1.0, "val_loss": v} for i, v in enumerate(losses)]})
-    metrics = pd.DataFrame([{"experiment": "science_materials", "strategy": "single", "run_status": "ok",
-                             "domain": "materials", "test_set": "test", "metric": "gap_mae_eV", "value": 1.0,
-                             "baseline": 1.2, "baseline_name": "training mean", "n": 10, "note": ""}])
+    metrics = pd.DataFrame([{"experiment": "science_materials", "strategy": "single", "run_status": "ok", "step": step,
+                             "final": step == 2, "domain": "materials", "test_set": "test", "metric": "gap_mae_eV",
+                             "value": value, "baseline": 1.2, "baseline_name": "training mean", "n": 10, "note": ""}
+                            for step, value in ((2, 1.0), (0, 1.3), (1, 1.1))])
     return TableInputs(summaries, {"science_materials": exp, "plain": other}, {},
                        {"science_metrics.science_materials": metrics})
 
@@ -258,6 +264,9 @@ def test_time_to_target_and_the_science_tables():
     curves = tables["science_curves"]
     assert len(curves) == 4 and list(curves[curves.strategy == "ddp"]["step"]) == [1, 2]
     assert list(tables["science_metrics"].columns) == ev.COLUMNS and len(tables["science_metrics"]) == 1
+    assert tables["science_metrics"]["value"].tolist() == [1.0]  # the final model's row only
+    domain_curve = tables["science_domain_curves"]
+    assert domain_curve["step"].tolist() == [0, 1, 2] and domain_curve["value"].tolist() == [1.3, 1.1, 1.0]
 
 
 def test_science_tables_without_evaluations_keep_their_columns():
@@ -268,10 +277,14 @@ def test_science_tables_without_evaluations_keep_their_columns():
 
 # --- the trained model leaves the run (real torchrun) --------------------------------------------
 def _saved_weights(summary):
+    return _weights(Path(summary["attempt"]) / "model")
+
+
+def _weights(model_dir: Path) -> dict:
     from safetensors.torch import load_file
 
-    files = sorted((Path(summary["attempt"]) / "model").glob("*.safetensors"))
-    assert files, f"no saved model in {summary['attempt']}"
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    assert files, f"no saved model in {model_dir}"
     state = {}
     for f in files:
         state.update(load_file(f))
@@ -283,7 +296,7 @@ def test_saved_models_match_the_single_device_run_and_evaluate(run_strategy, tin
     """training.save_model: every strategy's gathered weights equal the reference's after training."""
     from shardlab.strategies import REGISTRY
 
-    save = {"training": {"save_model": True, "steps": 3}}
+    save = {"training": {"save_model": True, "save_model_every": 1, "steps": 3}}
     strategies = ["single", "ddp"] + [s for s in ("fsdp2_full",) if s in REGISTRY]
     summaries = {s: run_strategy(s, save)[0] for s in strategies}
     for name, summary in summaries.items():
@@ -299,16 +312,29 @@ def test_saved_models_match_the_single_device_run_and_evaluate(run_strategy, tin
         state = _saved_weights(summaries[name])
         assert state.keys() == reference.keys(), name
         assert_within(f"weights: {name}", max(float((state[k] - reference[k]).abs().max()) for k in reference), tol)
+    # training.save_model_every: the gathered weights after steps 1 and 2 too, equal to the reference's.
+    for name, summary in summaries.items():
+        assert list(snapshots(summary["attempt"])) == [1, 2], name
+    first = _weights(snapshots(summaries["single"]["attempt"])[1])
+    assert any(not np.allclose(v, initial[k]) and not np.allclose(v, reference[k]) for k, v in first.items())
+    for name in strategies[1:]:
+        state = _weights(snapshots(summaries[name]["attempt"])[1])
+        assert_within(f"weights after 1 step: {name}", max(float((state[k] - first[k]).abs().max()) for k in first),
+                      tolerance(max(float(v.abs().max()) for v in first.values()), TEST_TOKENS_PER_STEP, steps=1))
 
     # The evaluator reads the run folders: a saved model is scored, a failed run is recorded.
     runs = Path(summaries["single"]["attempt"]).parent.parent.parent / "runs"
     (runs / "broken").mkdir()
     (runs / "broken" / "summary.json").write_text(json.dumps({"status": "oom", "reason": "rank 0: OutOfMemoryError"}))
     write_splits(REPO / "data/chemistry/aqsoldb.csv", {"seed": 0}, tmp_path / "splits")
-    exp = {"name": "t", "strategies": ["single", "broken"], "data": {"format": "aqsoldb_logs"}, "training": {"seq_len": 32},
+    exp = {"name": "t", "strategies": ["single", "broken"], "data": {"format": "aqsoldb_logs"}, "training": {"seq_len": 32, "steps": 3},
            "evaluation": {"max_examples": 10, "samples_per_condition": 3, "conditions": [-4.0, 0.0]}}
-    rows = ev.evaluate_runs(exp, runs, tmp_path / "splits")
-    assert {r["metric"] for r in rows if r["strategy"] == "single"} >= {"validity", "uniqueness", "condition_tracking_spearman"}
+    rows = ev.evaluate_runs(exp, runs, tmp_path / "splits", base_model=Path(tiny_assets[0]))
+    single = [r for r in rows if r["strategy"] == "single"]
+    assert {r["metric"] for r in single if r["final"]} >= {"validity", "uniqueness", "condition_tracking_spearman"}
+    # A curve per metric: the base model (step 0), the snapshots, the final model (marked final).
+    validity = {r["step"]: r for r in single if r["metric"] == "validity"}
+    assert sorted(validity) == [0, 1, 2, 3] and [validity[s]["final"] for s in (0, 1, 2, 3)] == [False, False, False, True]
     broken = [r for r in rows if r["strategy"] == "broken"]
     assert len(broken) == 1 and broken[0]["run_status"] == "oom" and "OutOfMemory" in broken[0]["note"]
 

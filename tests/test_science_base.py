@@ -16,7 +16,8 @@ from conftest import REPO, TEST_EXPERIMENT
 from shardlab.config import deep_merge
 from shardlab.core.data import TokenBatches, fit_tokenizer
 from shardlab.errors import ConfigError
-from shardlab.runner.loop import learning_rate
+from shardlab.core.model import snapshot_dir, snapshots
+from shardlab.runner.loop import learning_rate, snapshot_due
 from shardlab.science import tokenization
 from shardlab.science.domains import compared
 from shardlab.science.measures import bootstrap_interval, quality_indicators, unigram_nll
@@ -118,6 +119,21 @@ def test_cosine_schedule():
     assert learning_rate(training, 100) == pytest.approx(0.1)
     assert learning_rate(training, 55) == pytest.approx(0.55)  # half-way down the cosine
     assert learning_rate(dict(training, lr_schedule="constant"), 100) == 1.0
+
+
+def test_snapshots_are_due_every_n_steps_but_not_at_the_last():
+    training = {"steps": 32, "save_model_every": 16}
+    assert [step + 1 for step in range(32) if snapshot_due(training, step)] == [16]  # 32 is the final model
+    assert [step + 1 for step in range(10) if snapshot_due({"steps": 10, "save_model_every": 3}, step)] == [3, 6, 9]
+    assert not any(snapshot_due({"steps": 10}, step) for step in range(10))
+
+
+def test_a_runs_snapshots_are_found_in_step_order(tmp_path):
+    for n in (16, 8):
+        (snapshot_dir(tmp_path, n)).mkdir(parents=True)
+        (snapshot_dir(tmp_path, n) / "config.json").write_text("{}")
+    snapshot_dir(tmp_path, 24).mkdir()  # a folder without a saved model in it is no snapshot
+    assert snapshots(tmp_path) == {8: snapshot_dir(tmp_path, 8), 16: snapshot_dir(tmp_path, 16)}
 
 
 # --- intervals ----------------------------------------------------------------------------------
@@ -234,8 +250,9 @@ def test_identical_weights_are_scored_once(tmp_path, monkeypatch):
         (run / "model" / "model.safetensors").write_bytes(weights)
         (run / "summary.json").write_text(json.dumps({"status": "ok"}))
     exp = {"name": "x", "strategies": ["single", "ddp", "fsdp2_full"], "data": {"format": "aqsoldb_logs"},
-           "training": {"seq_len": 8}}
+           "training": {"seq_len": 8, "steps": 4}}
     rows = ev.evaluate_runs(exp, tmp_path, tmp_path)
     assert len(calls) == 2  # single, then ddp; fsdp2_full's bytes equal ddp's
     assert [r["value"] for r in rows] == [1.0, 2.0, 2.0]
-    assert rows[2]["strategy"] == "fsdp2_full" and "identical (sha256) to ddp" in rows[2]["note"]
+    assert rows[2]["strategy"] == "fsdp2_full" and "identical (sha256) to those of ddp after 4 steps" in rows[2]["note"]
+    assert all(r["final"] and r["step"] == 4 for r in rows)

@@ -43,12 +43,14 @@ rule planning_tables:
         f"{RESULTS}/logs/planning_tables.log",
     conda:
         ENV
+    threads: 2  # the searches, in as many processes (shardlab.tables.planning.run_searches)
     params:
         out=lambda w, output: os.path.dirname(output[0]),
         # A change to the planning block changes this param and reruns the rule.
         settings=json.dumps({"planning": config["planning"]}, sort_keys=True),
     shell:
-        "python -m shardlab tables planning --out-dir {params.out} --settings {params.settings:q} > {log} 2>&1"
+        "python -m shardlab tables planning --out-dir {params.out} --settings {params.settings:q} --workers {threads}"
+        " > {log} 2>&1"
 
 
 # Without scenarios the rule and the report section are left out.

@@ -3,7 +3,9 @@
 # those whose data format is a science format. Logic: shardlab.core.splits, shardlab.science.evaluate,
 # shardlab.tables.science.
 SCIENCE_EXPERIMENTS = STUDY.science_experiments
-SCIENCE_TABLES = table_files("science_runs", "science_curves", "science_metrics", "science_tokenizers")
+SCIENCE_TABLES = table_files(
+    "science_runs", "science_curves", "science_metrics", "science_domain_curves", "science_tokenizers"
+)
 PRETRAINED = STUDY.pretrained_models
 # Each pretrained model's pretraining run: (its settings, the strategy that runs it).
 PRETRAIN_RUNS = {
@@ -86,7 +88,9 @@ rule science_evaluate:
         settings=settings_file("{exp}"),
         splits=f"{RESULTS}/{{exp}}/splits/manifest.json",
         summaries=lambda w: run_files(w.exp, "summary.json"),
+        base_model=lambda w: model_record(w.exp),  # step 0 of every curve: the model before fine-tuning
         code=code(
+            "core/model",
             "science/evaluate",
             "science/domains",
             "science/measures",
@@ -104,9 +108,10 @@ rule science_evaluate:
     params:
         runs=lambda w: f"{RESULTS}/{w.exp}/runs",
         splits=lambda w: f"{RESULTS}/{w.exp}/splits",
+        base_model=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
     shell:
         "python -m shardlab.science.evaluate --experiment-config {input.settings} --runs {params.runs}"
-        " --splits {params.splits} --out {output} > {log} 2>&1"
+        " --splits {params.splits} --base-model {params.base_model} --out {output} > {log} 2>&1"
 
 
 rule science_tables:

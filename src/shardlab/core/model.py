@@ -1,4 +1,6 @@
-"""Get a model onto disk (built locally or downloaded) and load it.
+"""Get a model onto disk (built locally or downloaded), load it, and find a run's snapshots of it.
+
+torch is imported where it is used, so the launcher can name the snapshot folder for free.
 
 Every rank loads the same saved weights, so parallel runs start from exactly the reference's
 initial parameters.
@@ -9,9 +11,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from shardlab.errors import load_artifact
+
+
+SNAPSHOTS = "model-steps"  # a run's model snapshots during training (training.save_model_every)
+
+
+def snapshot_dir(run: Path | str, steps_done: int) -> Path:
+    """Where a run's model after `steps_done` optimizer steps is saved, beside its final `model/`."""
+    return Path(run) / SNAPSHOTS / f"step-{steps_done:06d}"
+
+
+def snapshots(run: Path | str) -> dict[int, Path]:
+    """{steps done: model folder} of a run's saved snapshots, in step order."""
+    found = sorted(Path(run).glob(f"{SNAPSHOTS}/step-*/config.json"))
+    return {int(path.parent.name.removeprefix("step-")): path.parent for path in found}
 
 
 class ModelUnavailable(RuntimeError):
@@ -40,6 +54,7 @@ def tiny_neox_config(model_cfg: dict):
 
 
 def build_local_model(model_cfg: dict, out_dir: Path) -> None:
+    import torch
     from transformers import GPTNeoXForCausalLM
 
     torch.manual_seed(model_cfg.get("seed", 0))
@@ -86,6 +101,7 @@ def architecture(config_json: Path) -> dict:
 
 def load_model(model_dir: Path | str):
     """Load in fp32 (mixed precision, when asked for, is autocast on top of fp32 master weights)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     model = load_artifact("model", model_dir, lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))

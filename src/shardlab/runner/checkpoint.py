@@ -30,7 +30,7 @@ import torch.distributed as dist
 KEEP = 2  # complete checkpoints kept: the newest, and the one before in case the newest is damaged
 NAME = re.compile(r"^step-(\d{8})$")
 # Settings that change neither the model nor the batches nor the update: a checkpoint survives them.
-NOT_TRAJECTORY = ("checkpoint_every", "fault_injection", "log_every", "save_model")
+NOT_TRAJECTORY = ("checkpoint_every", "fault_injection", "log_every", "save_model", "save_model_every")
 
 
 def resume_key(exp: dict, strategy: str) -> str:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from shardlab.config import config_hash, run_layout
+from shardlab.core.model import SNAPSHOTS
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 from shardlab.runner.failures import failure_outcome
@@ -89,7 +90,7 @@ def clear_run_dir(out: Path) -> None:
     """Remove what an earlier attempt copied here: a failed rerun must not sit beside stale files."""
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
-    for folder in ("artifacts", "model"):
+    for folder in ("artifacts", "model", SNAPSHOTS):
         shutil.rmtree(out / folder, ignore_errors=True)
 
 
@@ -168,6 +169,9 @@ def record_attempt(attempt: Path, out: Path, summary: dict) -> None:
         shutil.rmtree(out / folder, ignore_errors=True)  # an earlier restart's copy
         if (attempt / folder).is_dir():
             shutil.copytree(attempt / folder, out / folder)
+    # Snapshots accumulate over the restarts of one launch: a restart resumed past the earlier ones.
+    if (attempt / SNAPSHOTS).is_dir():
+        shutil.copytree(attempt / SNAPSHOTS, out / SNAPSHOTS, dirs_exist_ok=True)
 
 
 def share_reference(source: Path, out: Path, experiment: str) -> dict:
@@ -183,9 +187,10 @@ def share_reference(source: Path, out: Path, experiment: str) -> dict:
     for name in ("metrics.jsonl", "run.log"):
         if (source / name).exists():
             shutil.copy2(source / name, out / name)
-    shutil.rmtree(out / "model", ignore_errors=True)
-    if (source / "model").is_dir():  # training.save_model: the borrowing experiment evaluates it too
-        shutil.copytree(source / "model", out / "model")
+    for folder in ("model", SNAPSHOTS):  # training.save_model(_every): the borrowing experiment evaluates them too
+        shutil.rmtree(out / folder, ignore_errors=True)
+        if (source / folder).is_dir():
+            shutil.copytree(source / folder, out / folder)
     return summary
 
 

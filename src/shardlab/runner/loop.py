@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -111,10 +112,18 @@ def measured_step(strategy: Strategy, micro: list, measured: dict,
     return loss_sum.detach() / len(micro), step_time, strategy.comm_seconds()
 
 
+def snapshot_due(training: dict, step: int) -> bool:
+    """training.save_model_every: a model snapshot after this step (not after the last: that is the model)."""
+    every = training.get("save_model_every", 0)
+    return bool(every) and (step + 1) % every == 0 and step < training["steps"] - 1
+
+
 def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLog, label: str = "",
-          start_step: int = 0, checkpoint: Checkpointer | None = None, resumes: list | None = None) -> dict:
+          start_step: int = 0, checkpoint: Checkpointer | None = None, resumes: list | None = None,
+          snapshot: Callable[[int], None] | None = None) -> dict:
     """Run optimizer steps `start_step`..`training.steps - 1` (a resumed run starts past 0), saving a
-    checkpoint when one is due; returns this rank's memory measurements."""
+    checkpoint when one is due and calling `snapshot(steps done)` when a model snapshot is
+    (`snapshot_due`); returns this rank's memory measurements."""
     topo, device = strategy.topo, strategy.topo.device
     tokens_per_step = training["global_batch_size"] * training["seq_len"]
     measured: dict = {}
@@ -154,6 +163,9 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
                   f"{r['tokens_per_s']:,.0f} tokens/s ({r['step_time_s'] * 1e3:.1f} ms/step)", flush=True)
         if save:
             checkpoint.save(strategy, step, {"records": log.records, "resumes": resumes or []})
+        if snapshot is not None and snapshot_due(training, step):
+            with strategy.comm.paused():  # gathering the weights is no step's communication time
+                snapshot(step + 1)
     measured.update(peak_memory(device))
     measured.update(strategy.extra_metrics())
     if checkpoint and checkpoint.seconds:

@@ -28,7 +28,7 @@ from shardlab.core.data import TokenBatches
 from shardlab.core.timing import timed_steps
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json
-from shardlab.core.model import count_parameters, load_model
+from shardlab.core.model import count_parameters, load_model, snapshot_dir
 from shardlab.strategies import get_spec
 from shardlab.core.topology import init_topology, shutdown
 from shardlab.runner.loop import train
@@ -158,8 +158,11 @@ def run(args: argparse.Namespace) -> None:
         started = time.time()
         checkpoint, start_step, resumes = resume(args, exp, topo, strategy, log)
         phases.done("data_and_resume")
+        snapshot = None
+        if training.get("save_model_every"):  # the science evaluation's curves: a domain metric against step
+            snapshot = lambda n: save_final_model(strategy, model, args.tokens.parent, snapshot_dir(out, n))  # noqa: E731
         measured = train(strategy, batches, training, log, label=args.strategy, start_step=start_step,
-                         checkpoint=checkpoint, resumes=resumes)
+                         checkpoint=checkpoint, resumes=resumes, snapshot=snapshot)
         phases.done("training")
         if training.get("save_model"):
             save_final_model(strategy, model, args.tokens.parent, out / "model")

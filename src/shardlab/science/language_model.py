@@ -26,7 +26,9 @@ class LanguageModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(0)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        # Eager attention: on one CPU thread a forward of 64 x 30 tokens took 18 ms against SDPA's 32 ms.
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
         self.model.config.use_cache = True  # training saved it off; sampling needs the KV cache to be cheap
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos = self.tokenizer.eos_token_id
@@ -69,6 +71,12 @@ class LanguageModel:
                 body_lp[start + i] = token_lp[i, n_tag:len(row) - 1].sum()
                 chars[start + i] = n_chars
         return tag_lp, body_lp, chars
+
+    def score_grid(self, tags: list[str], bodies: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`score` of every body after every tag, each array of shape (bodies, tags): classification, or
+        binned regression, by the likelihood of each tag, in one pass."""
+        scored = self.score([tag for tag in tags for _ in bodies], list(bodies) * len(tags))
+        return tuple(a.reshape(len(tags), len(bodies)).T for a in scored)
 
     def sample(self, tag: str, n: int, max_new_tokens: int, seed: int, temperature: float = 1.0) -> list[str]:
         """`n` bodies generated after `tag` (ancestral sampling at `temperature`), cut at end-of-text."""

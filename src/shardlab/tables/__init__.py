@@ -36,6 +36,7 @@ class TableInputs:
     models: dict[str, dict] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     settings: dict = field(default_factory=dict)  # config blocks a topic reads (e.g. `planning`)
+    workers: int = 1  # processes a topic may use: the rule's threads, so never more cores than it was given
 
     @classmethod
     def read(cls, summaries=(), metrics=(), experiments=(), models=(), tables=(), settings=None) -> TableInputs:
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=Path, nargs="*", default=[], help="resources/models/<name>/shardlab_model.json")
     parser.add_argument("--tables", type=Path, nargs="*", default=[], help="other tables the topic reads (CSV)")
     parser.add_argument("--settings", default=None, help="config blocks the topic reads, as JSON (e.g. planning)")
+    parser.add_argument("--workers", type=int, default=1, help="processes the topic may use (the rule's threads)")
     args = parser.parse_args(argv)
     inputs = TableInputs.read(args.summaries, args.metrics, args.experiments, args.models, args.tables, args.settings)
+    inputs.workers = max(1, args.workers)
     write_tables(build(args.topic, inputs), args.out_dir)
     return 0

@@ -7,7 +7,9 @@ evaluation (`science_metrics.<experiment>.csv`, from `shardlab.science.evaluate`
 - science_curves: one row per validation point (experiment, domain, strategy, step, elapsed_s, val_loss)
 - science_runs: one row per run (status, tokens/s, step time, peak memory, final validation loss,
   the domain's target validation loss and the time each run took to reach it)
-- science_metrics: the evaluators' rows, concatenated (value, baseline, their bootstrap intervals)
+- science_metrics: the evaluators' rows of each run's final model (value, baseline, their bootstrap intervals)
+- science_domain_curves: the evaluators' rows at every evaluated step (0: the base model before
+  fine-tuning; training.save_model_every snapshots; the final model), a domain metric against step
 - science_tokenizers: the tokenizer comparison of each pretrained base model (rule pretrain), with
   the choice per domain and the one the base model uses
 """
@@ -95,11 +97,15 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         if metrics_table_name(name) in inputs.tables:
             metrics.append(inputs.tables[metrics_table_name(name)])
     metrics = [m for m in metrics if len(m)]
+    every = (pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(columns=METRIC_COLUMNS)).reindex(
+        columns=METRIC_COLUMNS)
+    final = every["final"].astype(str).str.lower().eq("true")
     tokenizers = [table.assign(model=name.removeprefix(TOKENIZER_TABLE)) for name, table in inputs.tables.items()
                   if name.startswith(TOKENIZER_TABLE)]
     return {"science_runs": pd.DataFrame(runs, columns=RUN_COLUMNS),
             "science_curves": pd.DataFrame(curves, columns=CURVE_COLUMNS),
-            "science_metrics": (pd.concat(metrics, ignore_index=True) if metrics
-                                else pd.DataFrame(columns=METRIC_COLUMNS)).reindex(columns=METRIC_COLUMNS),
+            "science_metrics": every[final].reset_index(drop=True),
+            "science_domain_curves": every[every["value"].notna()].sort_values(
+                ["experiment", "strategy", "test_set", "metric", "step"], kind="stable").reset_index(drop=True),
             "science_tokenizers": (pd.concat(tokenizers, ignore_index=True) if tokenizers
                                    else pd.DataFrame(columns=TOKENIZER_COLUMNS)).reindex(columns=TOKENIZER_COLUMNS)}
