@@ -164,6 +164,18 @@ def test_smiles_quality_as_per_item_flags():
     assert flags["novelty"].tolist() == [False, True]
 
 
+def test_score_grid_is_bodies_by_tags():
+    """Every body after every tag, in one call of `score`, laid out [body, tag]."""
+    from shardlab.science.language_model import LanguageModel
+
+    lm = LanguageModel.__new__(LanguageModel)  # no model: `score` is stubbed with a known answer
+    lm.score = lambda tags, bodies: (np.array([float(t[1]) for t in tags]), np.array([10.0 * len(b) for b in bodies]),
+                                     np.array([float(len(b)) for b in bodies]))
+    tag_lp, body_lp, chars = lm.score_grid(["<1>", "<2>", "<3>"], ["A", "BBBB"])
+    assert tag_lp.tolist() == [[1, 2, 3], [1, 2, 3]]
+    assert body_lp.tolist() == [[10, 10, 10], [40, 40, 40]] and chars[:, 0].tolist() == [1, 4]
+
+
 def test_unigram_nll_per_text():
     nll = unigram_nll(["AB"], ["A", "BB"])  # counts A1 B1 + add-one over {A, B}: p = 1/2 each
     assert nll == pytest.approx([math.log(2), 2 * math.log(2)])
