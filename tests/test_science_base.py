@@ -200,6 +200,19 @@ def test_pretrain_settings_are_checked_naming_the_field():
         check_pretrain(local)
 
 
+def test_the_pretraining_run_of_the_default_study():
+    """The first listed experiment's training, overridden by pretrain.training; the fine-tuning's
+    snapshots (save_model_every) are not the base model's."""
+    from shardlab.study import load_study_file
+
+    study = load_study_file(REPO / "config/config.yaml", REPO)
+    settings = study.pretrain_settings("science-base")
+    training = settings["experiment"]["training"]
+    assert study.experiments["science_chemistry"]["training"]["save_model_every"] == 16
+    assert training["save_model_every"] == 0 and training["save_model"] and training["steps"] == 550
+    assert [c["corpus"] for c in settings["corpora"]] == ["aqsoldb_logs", "scop_class", "mp_gap"]
+
+
 # --- pretrain, then fine-tune ------------------------------------------------------------------
 def _first_step_loss(model_dir, tokens, exp) -> float:
     from shardlab.core.model import load_model

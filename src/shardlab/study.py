@@ -215,7 +215,8 @@ def pretrain_settings(model: dict, experiments: dict[str, dict]) -> dict:
     cap = spec.get("max_documents")
     corpora = [dict(experiments[e]["data"], max_documents=cap.get(e) if isinstance(cap, dict) else cap)
                for e in spec["experiments"]]
-    training = {**first["training"], **spec["training"], "save_model": True}
+    # The base model's snapshots are not needed: only the fine-tuned models' curves are scored.
+    training = {**first["training"], "save_model_every": 0, **spec["training"], "save_model": True}
     exp = {**first, "name": f"pretrain_{model['name']}", "strategies": [spec.get("strategy", SINGLE.name)], "training": training,
            "data": {"corpus": f"{model['name']}_union", "path": "-", "format": "-", "windows": first["data"]["windows"]},
            "strategy_options": {}, "evaluation": {}}

@@ -144,6 +144,9 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
         # After a resume the probe and the reload ran in the first step: it is not timed.
         pending.add(step, loss, step_time, comm, elapsed_s=time.perf_counter() - started,
                     **({"untimed": True} if first and step > 0 else {}))
+        if snapshot is not None and snapshot_due(training, step):  # on its own schedule, not the log's
+            with strategy.comm.paused():  # gathering the weights is no step's communication time
+                snapshot(step + 1)
         evaluate = (training["eval_every"] and (step + 1) % training["eval_every"] == 0) or step == last
         save = checkpoint is not None and checkpoint.due(step, last)
         if not (evaluate or save or step % training["log_every"] == 0 or step == last):
@@ -163,9 +166,6 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
                   f"{r['tokens_per_s']:,.0f} tokens/s ({r['step_time_s'] * 1e3:.1f} ms/step)", flush=True)
         if save:
             checkpoint.save(strategy, step, {"records": log.records, "resumes": resumes or []})
-        if snapshot is not None and snapshot_due(training, step):
-            with strategy.comm.paused():  # gathering the weights is no step's communication time
-                snapshot(step + 1)
     measured.update(peak_memory(device))
     measured.update(strategy.extra_metrics())
     if checkpoint and checkpoint.seconds:
