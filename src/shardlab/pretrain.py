@@ -31,7 +31,7 @@ from shardlab.science.formats import FORMATS
 
 def tokenizer_table(model: str) -> str:
     """The tokenizer comparison's file in the model folder, named after the model (tables key by stem)."""
-    return f"tokenizers.{model}.csv"
+    return f"{tokenization.TABLE_PREFIX}{model}.csv"
 
 
 def domain_documents(corpora: list[dict], base_dir: Path) -> dict[str, dict[str, list[str]]]:

@@ -145,8 +145,10 @@ def train(strategy: Strategy, batches: TokenBatches, training: dict, log: StepLo
         pending.add(step, loss, step_time, comm, elapsed_s=time.perf_counter() - started,
                     **({"untimed": True} if first and step > 0 else {}))
         if snapshot is not None and snapshot_due(training, step):  # on its own schedule, not the log's
+            saving = time.perf_counter()
             with strategy.comm.paused():  # gathering the weights is no step's communication time
                 snapshot(step + 1)
+            started += time.perf_counter() - saving  # nor training wall time: elapsed_s and time to target leave it out
         evaluate = (training["eval_every"] and (step + 1) % training["eval_every"] == 0) or step == last
         save = checkpoint is not None and checkpoint.due(step, last)
         if not (evaluate or save or step % training["log_every"] == 0 or step == last):

@@ -34,6 +34,7 @@ UNITS = {
 MAX_CROSSING = 0.01  # a tokenizer whose tokens straddle units more often than this is rejected
 RARE_COUNT = 20      # a token type seen fewer times in the training text counts as rare
 CANDIDATES = TOKENIZERS
+TABLE_PREFIX = "tokenizers."  # the comparison's file is <prefix><model>.csv beside the model (rule pretrain)
 
 
 def unit_boundaries(text: str, units: re.Pattern) -> set[int]:

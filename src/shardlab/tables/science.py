@@ -20,6 +20,7 @@ import pandas as pd
 
 from shardlab.science.evaluate import COLUMNS as METRIC_COLUMNS
 from shardlab.science.formats import FORMATS
+from shardlab.science.tokenization import TABLE_PREFIX
 from shardlab.tables import TableInputs
 
 RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_size", "steps", "tokens_per_s",
@@ -28,7 +29,6 @@ RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_si
 CURVE_COLUMNS = ["experiment", "domain", "strategy", "step", "elapsed_s", "val_loss"]
 TOKENIZER_COLUMNS = ["model", "domain", "tokenizer", "vocab_size", "bodies", "tokens_per_char", "unit_crossing_fraction",
                      "rare_token_fraction", "types_used", "chosen_for_domain", "used_by_base_model", "reason"]
-TOKENIZER_TABLE = "tokenizers."  # stem prefix of shardlab.pretrain.tokenizer_table
 
 
 def is_science(exp: dict) -> bool:
@@ -100,8 +100,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     every = (pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(columns=METRIC_COLUMNS)).reindex(
         columns=METRIC_COLUMNS)
     final = every["final"].astype(str).str.lower().eq("true")
-    tokenizers = [table.assign(model=name.removeprefix(TOKENIZER_TABLE)) for name, table in inputs.tables.items()
-                  if name.startswith(TOKENIZER_TABLE)]
+    tokenizers = [table.assign(model=name.removeprefix(TABLE_PREFIX)) for name, table in inputs.tables.items()
+                  if name.startswith(TABLE_PREFIX)]
     return {"science_runs": pd.DataFrame(runs, columns=RUN_COLUMNS),
             "science_curves": pd.DataFrame(curves, columns=CURVE_COLUMNS),
             "science_metrics": every[final].reset_index(drop=True),
