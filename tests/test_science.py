@@ -338,6 +338,9 @@ def test_saved_models_match_the_single_device_run_and_evaluate(run_strategy, tin
     assert sorted(validity) == [0, 1, 2, 3] and [validity[s]["final"] for s in (0, 1, 2, 3)] == [False, False, False, True]
     broken = [r for r in rows if r["strategy"] == "broken"]
     assert len(broken) == 1 and broken[0]["run_status"] == "oom" and "OutOfMemory" in broken[0]["note"]
+    # Scored by two forked processes at once: the same rows, in the same order (NaN equal to NaN).
+    parallel = ev.evaluate_runs(exp, runs, tmp_path / "splits", base_model=Path(tiny_assets[0]), workers=2)
+    assert pd.DataFrame(parallel).equals(pd.DataFrame(rows))
 
 
 def test_hub_export_writes_the_shipped_columns(tmp_path):

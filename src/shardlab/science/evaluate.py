@@ -1,7 +1,7 @@
 """Domain evaluation of each run's saved models (rule science_evaluate): one CSV row per (strategy,
 step, metric), the final model's marked `final`.
 
-    python -m shardlab.science.evaluate --experiment-config exp.json --runs DIR --splits DIR --out CSV [--base-model DIR]
+    python -m shardlab.science.evaluate --experiment-config exp.json --runs DIR --splits DIR --out CSV [--base-model DIR] [--workers N]
 
 The scoring is in `domains` (one evaluation per domain), `measures` (the metric functions) and
 `language_model` (the model as scorer and sampler); this module runs it over an experiment's runs.
@@ -12,9 +12,13 @@ weights are byte-identical to one already scored shares its rows (the evaluation
 from __future__ import annotations
 
 import csv
+import dataclasses
+import functools
 import hashlib
 import json
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from shardlab.core.model import snapshots
@@ -29,19 +33,13 @@ COLUMNS = ["experiment", "strategy", "run_status", "step", "final", "domain", "t
            "baseline_name", "n", "note"]
 
 
-def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_model: Path | None = None) -> list[dict]:
+def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_model: Path | None = None,
+                  workers: int = 1) -> list[dict]:
     """One metric row per (strategy, step, metric): the fine-tuned model's (`final`), each snapshot's
     (training.save_model_every) and the base model's at step 0, the points of a domain metric's curve
-    against step. A run without a model is recorded, not fatal."""
-    fmt = FORMATS[exp["data"]["format"]]
-    settings = {**DEFAULT_SETTINGS, **(exp.get("evaluation") or {})}
-    # A curve's earlier points (the base model, snapshots) skip the extra test sets: those check the
-    # fine-tuned model out of distribution, and would double the cost of every point.
-    along_the_curve = {**settings, "extra_test_sets": {}}
-    score = ModelScorer(lambda model_dir, final: DOMAIN_EVALUATORS[fmt.domain](
-        LanguageModel(model_dir, context=exp["training"]["seq_len"]), fmt, splits,
-        settings if final else along_the_curve, seed))
-    rows = []
+    against step. A run without a model is recorded, not fatal. Distinct models are scored by `workers`
+    processes at once; the rows do not depend on how many (each scoring seeds its own draws)."""
+    rows, points = [], []
     for strategy in exp["strategies"]:
         run = runs_dir / strategy
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
@@ -49,40 +47,93 @@ def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_m
         base = {"experiment": exp["name"], "strategy": strategy, "run_status": status}
         if status != "ok" or not (run / "model").is_dir():
             reason = summary.get("reason") or "no saved model (training.save_model off?)"
-            rows.append({**base, "final": True, **metric_row(fmt.domain, "-", "not_evaluated", "-", 0,
+            domain = FORMATS[exp["data"]["format"]].domain
+            rows.append({**base, "final": True, **metric_row(domain, "-", "not_evaluated", "-", 0,
                                                            {"value": float("nan"), "baseline": float("nan")}, reason)})
             continue
-        points = {**({0: base_model} if base_model else {}), **snapshots(run), exp["training"]["steps"]: run / "model"}
-        for step, model_dir in points.items():
+        steps = {**({0: base_model} if base_model else {}), **snapshots(run), exp["training"]["steps"]: run / "model"}
+        for step, model_dir in steps.items():
             label = "the base model, before fine-tuning" if step == 0 and base_model else f"{strategy} after {step} steps"
-            final = model_dir == run / "model"
-            rows += [{**r, **base, "step": step, "final": final} for r in score(model_dir, label, final)]
+            points.append(ModelPoint(model_dir, label, final=model_dir == run / "model", row={**base, "step": step}))
+    scored = score_distinct(points, functools.partial(score_model, exp, splits, seed), workers)
+    for point in points:
+        rows += [{**r, **point.row, "final": point.final} for r in scored[point]]
     return rows
 
 
-class ModelScorer:
-    """Scores saved models, each set of weights once: the same bytes score the same (the evaluation is
-    deterministic), e.g. the base model of every curve, or DDP and FSDP2 saving identical weights."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelPoint:
+    """A saved model to score: `final` (the fine-tuned model, also scored on the extra test sets) or a
+    point along the curve; `row` holds the columns that say whose model it is."""
 
-    def __init__(self, evaluate):
-        self.evaluate, self.done = evaluate, {}
+    model_dir: Path
+    label: str
+    final: bool
+    row: dict
 
-    def __call__(self, model_dir: Path, label: str, final: bool) -> list[dict]:
-        key = (weights_digest(model_dir), final)
-        if key in self.done:
-            twin, rows = self.done[key]
-            return [{**r, "note": f"{r['note']}; weights identical (sha256) to those of {twin}".lstrip("; ")} for r in rows]
-        started = time.perf_counter()
-        rows = self.evaluate(model_dir, final)
-        print(f"[evaluate] {label}: {len(rows)} metrics in {time.perf_counter() - started:.1f} s", flush=True)
-        self.done[key] = (label, rows)
-        return rows
+
+def score_model(exp: dict, splits: Path, seed: int, model_dir: Path, final: bool) -> list[dict]:
+    """The domain's metric rows for one saved model. A curve's earlier points (the base model, snapshots)
+    skip the extra test sets: those check the fine-tuned model out of distribution, and would double the
+    cost of every point."""
+    fmt = FORMATS[exp["data"]["format"]]
+    settings = {**DEFAULT_SETTINGS, **(exp.get("evaluation") or {})}
+    if not final:
+        settings["extra_test_sets"] = {}
+    lm = LanguageModel(model_dir, context=exp["training"]["seq_len"])
+    return DOMAIN_EVALUATORS[fmt.domain](lm, fmt, splits, settings, seed)
+
+
+def score_distinct(points: list[ModelPoint], score, workers: int = 1) -> dict[ModelPoint, list[dict]]:
+    """Each point's rows, each set of weights scored once: the same bytes score the same (the evaluation is
+    deterministic), e.g. the base model of every curve, or DDP and FSDP2 saving identical weights; a twin's
+    rows say whose they share. Final models first: they cost the most (extra test sets)."""
+    firsts: dict[tuple[str, bool], ModelPoint] = {}
+    keys = {}
+    for point in sorted(points, key=lambda p: not p.final):
+        keys[point] = (weights_digest(point.model_dir), point.final)
+        firsts.setdefault(keys[point], point)
+    done = dict(zip(firsts.values(), _map(_timed, [(score, p) for p in firsts.values()], workers)))
+    scored = {}
+    for point in points:
+        first = firsts[keys[point]]
+        scored[point] = done[first] if first is point else [
+            {**r, "note": f"{r['note']}; weights identical (sha256) to those of {first.label}".lstrip("; ")}
+            for r in done[first]]
+    return scored
+
+
+def _timed(job) -> list[dict]:
+    score, point = job
+    started = time.perf_counter()
+    rows = score(point.model_dir, point.final)
+    print(f"[evaluate] {point.label}: {len(rows)} metrics in {time.perf_counter() - started:.1f} s", flush=True)
+    return rows
+
+
+def _map(fn, jobs: list, workers: int) -> list:
+    """`fn` over `jobs` in order, in this process or in `workers` forked ones (each with one torch thread).
+    Fork, not spawn: the workers inherit torch and transformers, imported once here (about 3 s a process);
+    this process has run no torch op, so no thread pool is copied half-alive."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [fn(job) for job in jobs]
+    import transformers.models.gpt_neox.modeling_gpt_neox  # noqa: F401  (the study's models; others import in the worker)
+
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=_one_thread) as pool:
+        return list(pool.map(fn, jobs))
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # tiny forwards: extra threads only spin against each other (24 s vs 1.4 s measured)
 
 
 def weights_digest(model_dir: Path) -> str:
     """sha256 of a saved model's weight files: equal digests mean the evaluation would repeat itself exactly."""
     digest = hashlib.sha256()
-    for path in sorted(model_dir.glob("*.safetensors")):
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -106,12 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-model", type=Path, default=None,
                         help="the model the runs fine-tuned: scored as step 0 of every curve")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workers", type=int, default=1, help="models scored at once, one process and thread each")
     args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)  # tiny forwards: extra threads only spin against each other (24 s vs 1.4 s measured)
+    _one_thread()
     exp = json.loads(args.experiment_config.read_text())
-    rows = evaluate_runs(exp, args.runs, args.splits, seed=exp["training"]["seed"], base_model=args.base_model)
+    rows = evaluate_runs(exp, args.runs, args.splits, seed=exp["training"]["seed"], base_model=args.base_model,
+                         workers=args.workers)
     write_rows(rows, args.out)
     for r in (r for r in rows if r["final"]):
         print(f"{r['strategy']:>16s} {r['test_set']:>10s} {r['metric']:>28s} {r['value']:.4g} "
