@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -281,3 +282,17 @@ def test_identical_weights_are_scored_once(tmp_path, monkeypatch):
     assert [r["value"] for r in rows] == [1.0, 2.0, 2.0]
     assert rows[2]["strategy"] == "fsdp2_full" and "identical (sha256) to those of ddp after 4 steps" in rows[2]["note"]
     assert all(r["final"] and r["step"] == 4 for r in rows)
+
+
+def _pid_and_square(x: int) -> tuple[int, int]:
+    return os.getpid(), x * x
+
+
+def test_ordered_map_keeps_order_and_forks_only_when_given_workers():
+    from shardlab.core.pool import ordered_map
+
+    jobs = list(range(8))
+    alone = ordered_map(_pid_and_square, jobs, workers=1)
+    assert [r for _, r in alone] == [x * x for x in jobs] and {pid for pid, _ in alone} == {os.getpid()}
+    forked = ordered_map(_pid_and_square, jobs, workers=2)
+    assert [r for _, r in forked] == [x * x for x in jobs] and os.getpid() not in {pid for pid, _ in forked}

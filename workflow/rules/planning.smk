@@ -20,6 +20,7 @@ rule planning_tables:
     input:
         code=code(
             "tables/planning",
+            "core/pool",
             "costs/plan",
             "costs/predict",
             "costs/rank_memory",

@@ -95,6 +95,7 @@ rule science_evaluate:
             "science/domains",
             "science/measures",
             "science/language_model",
+            "core/pool",
         ),
     output:
         SCIENCE_METRICS,

@@ -16,12 +16,11 @@ import dataclasses
 import functools
 import hashlib
 import json
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from shardlab.core.model import snapshots
+from shardlab.core.pool import ordered_map
 from shardlab.science.domains import DOMAIN_EVALUATORS, row as metric_row
 from shardlab.science.formats import FORMATS
 from shardlab.science.language_model import LanguageModel
@@ -88,15 +87,14 @@ def score_distinct(points: list[ModelPoint], score, workers: int = 1) -> dict[Mo
     """Each point's rows, each set of weights scored once: the same bytes score the same (the evaluation is
     deterministic), e.g. the base model of every curve, or DDP and FSDP2 saving identical weights; a twin's
     rows say whose they share. Final models first: they cost the most (extra test sets)."""
+    key = {point: (weights_digest(point.model_dir), point.final) for point in points}
     firsts: dict[tuple[str, bool], ModelPoint] = {}
-    keys = {}
     for point in sorted(points, key=lambda p: not p.final):
-        keys[point] = (weights_digest(point.model_dir), point.final)
-        firsts.setdefault(keys[point], point)
+        firsts.setdefault(key[point], point)
     done = dict(zip(firsts.values(), _map(_timed, [(score, p) for p in firsts.values()], workers)))
     scored = {}
     for point in points:
-        first = firsts[keys[point]]
+        first = firsts[key[point]]
         scored[point] = done[first] if first is point else [
             {**r, "note": f"{r['note']}; weights identical (sha256) to those of {first.label}".lstrip("; ")}
             for r in done[first]]
@@ -112,16 +110,10 @@ def _timed(job) -> list[dict]:
 
 
 def _map(fn, jobs: list, workers: int) -> list:
-    """`fn` over `jobs` in order, in this process or in `workers` forked ones (each with one torch thread).
-    Fork, not spawn: the workers inherit torch and transformers, imported once here (about 3 s a process);
-    this process has run no torch op, so no thread pool is copied half-alive."""
-    if workers <= 1 or len(jobs) <= 1:
-        return [fn(job) for job in jobs]
-    import transformers.models.gpt_neox.modeling_gpt_neox  # noqa: F401  (the study's models; others import in the worker)
-
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=_one_thread) as pool:
-        return list(pool.map(fn, jobs))
+    """`ordered_map` with transformers imported once before the fork (about 2 s a process saved)."""
+    if workers > 1 and len(jobs) > 1:
+        import transformers.models.gpt_neox.modeling_gpt_neox  # noqa: F401  (the study's models; others import in the worker)
+    return ordered_map(fn, jobs, workers, initializer=_one_thread)
 
 
 def _one_thread() -> None:

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
 
 import pandas as pd
 
@@ -25,6 +24,7 @@ from shardlab.costs.predict import Prediction, evaluate
 from shardlab.costs.rank_memory import MEMORY_CATEGORIES
 from shardlab.costs.search import SearchResult, search
 from shardlab.costs.zero_tree import DEFAULT_HEADROOM, data_parallel_plan, feasibility
+from shardlab.core.pool import ordered_map
 from shardlab.tables import TableInputs
 
 GB = 1e9
@@ -51,10 +51,7 @@ def search_task(task: tuple[Scenario, dict | None, int]) -> SearchResult:
 def run_searches(tasks: list, workers: int) -> list[SearchResult]:
     """The searches are independent: in `workers` processes when the rule gives the topic more than one
     core (the default scenarios' 20 searches took 32 s in one; the MoE scenario's four, 22 s of it)."""
-    if workers < 2:
-        return [search_task(t) for t in tasks]
-    with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(search_task, tasks))
+    return ordered_map(search_task, tasks, workers)
 
 
 def scenario_tables(s: Scenario, result: SearchResult, alternatives: dict[str, SearchResult]) -> dict[str, list[dict]]:
