@@ -110,3 +110,39 @@ def test_identical_single_device_references_are_shared_and_different_ones_are_no
         "c": {"strategies": ["single"], "training": {"steps": 5}},  # different steps: its own run
     }
     assert load_study(cfg, base_dir=REPO).shared_references == {"b": "a"}
+
+
+def test_one_process_runs_get_the_cores_of_the_widest_run(monkeypatch):
+    """Throughput at equal cores: `single` gets ranks x threads_per_rank of the experiment's widest run (the
+    4-rank dp x pp hybrid here), never more than the machine's cores, and parallel runs keep theirs."""
+    from shardlab.runner.worker import compute
+    from shardlab.strategies import threads_per_rank
+
+    exp = {"launch": {"threads_per_rank": 1, "world_size": 2}, "strategies": ["single", "ddp", "hybrid_dp_pp"],
+           "strategy_options": {"hybrid_dp_pp": {"world_size": 4}}}
+    monkeypatch.setattr("shardlab.strategies.available_cores", lambda: 64)
+    assert [threads_per_rank(exp, s) for s in ("single", "ddp", "hybrid_dp_pp")] == [4, 1, 1]
+    monkeypatch.setattr("shardlab.strategies.available_cores", lambda: 2)
+    assert threads_per_rank(exp, "single") == 2
+    assert threads_per_rank(dict(exp, strategies=["single"]), "single") == 1  # alone, nothing to match
+    # what each run records: cores its threads occupy (at most the machine's), or GPUs
+    assert compute({"device_type": "cpu", "world_size": 4, "threads_per_rank": 1, "cpu_cores": 2}) == {"unit": "core", "count": 2}
+    assert compute({"device_type": "cuda", "world_size": 8, "threads_per_rank": 4, "cpu_cores": 64}) == {"unit": "GPU", "count": 8}
+
+
+def test_bf16_experiments_get_their_noise_floor_runs_and_bad_sensitivity_settings_are_named():
+    cfg = mutated("defaults.training.dtype", "bf16")
+    cfg["experiments"]["data_parallel"]["strategies"] = ["single", "ddp", "zero3"]
+    study = load_study(cfg, base_dir=REPO)
+    assert study.experiments["data_parallel"]["noise_floor_runs"] == ["single_reordered", "deepspeed_single"]
+    assert ("data_parallel", "single_reordered") in study.runs
+    assert study.experiments["data_parallel"]["strategies"] == ["single", "ddp", "zero3"]  # what the user listed
+    assert load_study(copy.deepcopy(BASE), base_dir=REPO).experiments["data_parallel"]["noise_floor_runs"] == []
+    with pytest.raises(ConfigError) as err:
+        load_study(dict(copy.deepcopy(BASE), parity_sensitivity={"experiment": "data_parallel"}), base_dir=REPO)
+    assert err.value.field == "parity_sensitivity.experiment" and "sgd" in str(err.value)
+    one_row = mutated("defaults.training.dtype", "bf16")
+    one_row["defaults"]["training"]["micro_batch_size"] = 1
+    with pytest.raises(ConfigError) as err:
+        load_study(one_row, base_dir=REPO)
+    assert err.value.field.endswith("training.micro_batch_size") and "2 sequences" in str(err.value)

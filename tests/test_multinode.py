@@ -141,7 +141,7 @@ def test_two_agents_on_loopback_match_the_single_device_reference(tiny_assets, t
     run_args = ["--experiment-config", str(tmp_path / "exp.json"), "--strategy", "ddp", "--model-dir", str(model_dir),
                 "--tokens", str(tokens), "--out", str(tmp_path / "run")]
     rdzv = nodes.Rendezvous(2, "127.0.0.1", _free_port(), "loopback-test")
-    agents = [subprocess.Popen(torchrun_command(1, run_args, rendezvous=rdzv), env=run_environment(exp),
+    agents = [subprocess.Popen(torchrun_command(1, run_args, rendezvous=rdzv), env=run_environment(exp, "ddp"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [agent.communicate(timeout=240)[0] for agent in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(o[-2000:] for o in outputs)
@@ -150,7 +150,7 @@ def test_two_agents_on_loopback_match_the_single_device_reference(tiny_assets, t
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if line]
     assert_losses_match(losses, reference_losses)
     print(f"2 agents x 1 on loopback: max loss deviation {max_deviation(losses, reference_losses):.2g} "
-          f"(tolerance {loss_tolerance(reference_losses, TEST_TOKENS_PER_STEP):.2g})")
+          f"(tolerance {loss_tolerance(reference_losses, TEST_TOKENS_PER_STEP).value:.2g})")
 
 
 def test_a_slurm_job_whose_allocation_cannot_be_read_is_recorded_as_failed(run_strategy, monkeypatch):

@@ -216,7 +216,7 @@ def test_the_instrumentation_benchmark_times_both_modes_under_torchrun(tiny_asse
                 "--tokens", str(tokens), "--blocks", "2", "--steps-per-block", "1", "--warmup-steps", "1",
                 "--out", str(out)]
     cmd = torchrun_command(2, run_args, module="shardlab.bench.instrumentation")
-    subprocess.run(cmd, env=run_environment(TEST_EXPERIMENT), check=True, timeout=300)
+    subprocess.run(cmd, env=run_environment(TEST_EXPERIMENT, "dp_naive"), check=True, timeout=300)
     result = json.loads(out.read_text())
     assert {len(v) for v in result["samples"].values()} == {2}
     assert all(t > 0 for v in result["samples"].values() for t in v)

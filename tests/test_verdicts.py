@@ -71,6 +71,12 @@ def test_sequence_parallel_activation_claim_follows_the_table(tp_sp_activation, 
     assert _verdict(table, "3") == SUPPORTED
 
 
+def test_tensor_parallel_memory_claim_is_undecided_where_single_holds_no_optimizer_state():
+    tp = _tp(20.0).assign(optimizer_bytes=0.0)  # SGD: no optimizer state to reduce
+    row = verdicts({"steps": _steps({}), "runs": _runs(), "tp_memory_categories": tp}).set_index("claim").loc["3"]
+    assert row["verdict"] == UNDECIDED and "single holds no optimizer" in row["evidence"]
+
+
 @pytest.mark.parametrize("zero3_bytes,verdict", [(5.0, SUPPORTED), (9.0, CONTRADICTED)])
 def test_zero3_memory_claim_follows_the_table(zero3_bytes, verdict):
     table = verdicts({"steps": _steps({}), "runs": _runs(), "zero_memory": _zero(zero3_bytes)})
@@ -101,6 +107,17 @@ def test_the_strategy_choice_skips_wrong_runs_and_says_when_it_cannot_separate()
     assert choice.loc["throughput", "choice"] in ("ddp", "zero3")  # dp_naive is fastest, but wrong
     assert not choice.loc["throughput", "decided"]  # ddp and zero3 differ by 1 %: noise
     assert choice.loc["memory per rank", "choice"] == "zero3" and choice.loc["memory per rank", "decided"]
+
+
+def test_the_strategy_choice_leaves_noise_floor_runs_out_and_names_unequal_compute():
+    steps = _steps({"single": _noisy(0.05, seed=6), "ddp": _noisy(0.10, seed=7), "single_reordered": _noisy(0.01, seed=8)})
+    runs = pd.DataFrame([{"experiment": "data_parallel", "strategy": s, "status": "ok", "compute.count": n,
+                          "compute.unit": "GPU"} for s, n in (("single", 1), ("ddp", 8), ("single_reordered", 1))])
+    choice = strategy_choice({"steps": steps, "runs": runs}).set_index("goal").loc["throughput"]
+    assert (choice["choice"], choice["versus"]) == ("single", "ddp")  # the noise-floor run is no candidate
+    assert "1 GPU against 8" in choice["evidence"]
+    equal = strategy_choice({"steps": steps, "runs": runs.assign(**{"compute.count": 2, "compute.unit": "core"})})
+    assert "against" not in equal.set_index("goal").loc["throughput", "evidence"]
 
 
 def _repeats(ratios: list[float]) -> pd.DataFrame:

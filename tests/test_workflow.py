@@ -56,6 +56,7 @@ def _run_job_requests(local: bool, monkeypatch) -> dict[str, tuple[int, int]]:
     from snakemake.workflow import Workflow
 
     monkeypatch.setattr(Workflow, "local_exec", property(lambda self: local))
+    monkeypatch.setattr("shardlab.strategies.available_cores", lambda: 64)
     overrides = {"defaults": {"launch": {"device": "cuda", "threads_per_rank": 3}}}
     with SnakemakeApi() as api:
         workflow = api.workflow(resource_settings=ResourceSettings(cores=64), snakefile=REPO / "Snakefile",
@@ -71,8 +72,9 @@ def _run_job_requests(local: bool, monkeypatch) -> dict[str, tuple[int, int]]:
 
 def test_run_jobs_request_what_they_use_and_gpus_for_cuda(monkeypatch):
     """Locally a run takes every core (runs never overlap); under a cluster executor it asks for ranks x
-    threads_per_rank, never the submit host's core count, and one GPU per rank for cuda runs."""
-    assert _run_job_requests(False, monkeypatch) == {"single": (3, 1), "ddp": (2 * 3, 2)}
+    threads_per_rank, never the submit host's core count, and one GPU per rank for cuda runs. The
+    one-process run gets the threads of the experiment's widest run (equal cores for throughput)."""
+    assert _run_job_requests(False, monkeypatch) == {"single": (2 * 3, 1), "ddp": (2 * 3, 2)}
     assert _run_job_requests(True, monkeypatch) == {"single": (64, 1), "ddp": (64, 2)}
 
 

@@ -20,7 +20,8 @@ from shardlab.science.formats import FORMATS as SCIENCE_FORMATS  # importing reg
 from shardlab.config import check_settings, load_schema, resolve_experiment, run_layout, validate_against_schema
 from shardlab.core.data import TEXT_FORMATS
 from shardlab.errors import ConfigError
-from shardlab.strategies import REGISTRY, SINGLE, get_spec
+from shardlab.strategies import REGISTRY, SINGLE, get_spec, threads_per_rank
+from shardlab.tables.parity import check_sensitivity_config, noise_floor_runs, planned_tolerance
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class Study:
 
     @property
     def runs(self) -> list[tuple[str, str]]:
-        return [(name, s) for name, exp in self.experiments.items() for s in exp["strategies"]]
+        return [(name, s) for name, exp in self.experiments.items()
+                for s in [*exp["strategies"], *exp.get("noise_floor_runs", [])]]
 
     def runs_of(self, topic: str) -> list[tuple[str, str]]:
         """Runs of the topic's strategies, with the references they are compared with (same experiment)."""
@@ -80,7 +82,7 @@ def check_experiment(exp: dict, base_dir: Path | str = ".") -> None:
             raise ConfigError(f"{where}.strategy_options.{name}",
                               f"options given for '{name}', which this experiment does not run (strategies: "
                               f"{', '.join(exp.get('strategies', []))})")
-    for name in exp.get("strategies", []):
+    for name in [*exp.get("strategies", []), *exp.get("noise_floor_runs", [])]:
         REGISTRY[name].check(exp, where)
         check_placement(exp, name, where)
 
@@ -137,22 +139,17 @@ def shared_references(experiments: dict[str, dict]) -> dict[str, str]:
     return shared
 
 
-def launch_threads(launch: dict, world: int | str) -> int:
-    """CPU threads a launch uses: ranks x launch.threads_per_rank ('auto' ranks: counted at launch, 1 here)."""
-    return launch["threads_per_rank"] * (1 if world == "auto" else int(world))
-
-
 def run_resources(exp: dict, strategy: str) -> dict:
     """What a run of `strategy` in `exp` uses, per node of its layout (`config.run_layout`): nodes,
-    processes (ranks) per node, CPU threads per node, one GPU per rank when launch.device is cuda ('auto'
-    ranks take every GPU of the machine they land on, so none is requested; `gpus` is the total), and
-    host memory per node (launch.mem_mb_per_rank x ranks; 'auto': one rank's)."""
+    processes (ranks) per node, CPU threads per node (`strategies.threads_per_rank`), one GPU per rank when
+    launch.device is cuda ('auto' ranks take every GPU of the machine they land on, so none is requested;
+    `gpus` is the total), and host memory per node (launch.mem_mb_per_rank x ranks; 'auto': one rank's)."""
     launch = exp["launch"]
     world = REGISTRY[strategy].world_size(exp)
     nodes, per_node = run_layout(launch, world, f"experiments.{exp['name']}.launch")
     cuda = launch["device"] == "cuda" and per_node != "auto"
     ranks = 1 if per_node == "auto" else per_node
-    return {"nodes": nodes, "ranks_per_node": per_node, "threads": launch_threads(launch, per_node),
+    return {"nodes": nodes, "ranks_per_node": per_node, "threads": threads_per_rank(exp, strategy) * ranks,
             "gpus_per_node": per_node if cuda else 0, "gpus": nodes * per_node if cuda else 0,
             "mem_mb": launch.get("mem_mb_per_rank", 2000) * ranks}
 
@@ -259,9 +256,11 @@ def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     check_planning(config)
     experiments = {name: resolve_experiment(config, name, schema) for name in config["experiments"]}
     for exp in experiments.values():
+        exp["noise_floor_runs"] = noise_floor_runs(exp)  # the runs the parity rule needs beside the listed ones
         check_experiment(exp, base_dir)
     _check_unique_names(experiments)
     check_pretrain(experiments)
+    check_sensitivity_config(config, experiments)
     return Study(experiments, shared_references(experiments))
 
 
@@ -281,6 +280,8 @@ def check_main(argv: list[str] | None = None) -> int:
         print(f"invalid: {err}", file=sys.stderr)
         return 2
     print(f"ok: {args.config} ({len(study.experiments)} experiments, {len(study.runs)} runs)")
+    print("parity tolerances (shardlab.tables.parity):\n" + "\n".join(
+        f"  {name}: {planned_tolerance(exp)}" for name, exp in study.experiments.items()))
     return 0
 
 

@@ -7,8 +7,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from shardlab.errors import ConfigError
-from shardlab.strategies import SINGLE
-from shardlab.study import launch_threads, load_study, prepared_inputs, run_resources, run_sources
+from shardlab.strategies import SINGLE, launch_threads
+from shardlab.study import load_study, prepared_inputs, run_resources, run_sources
 
 validate(config, "../schemas/config.schema.yaml")
 

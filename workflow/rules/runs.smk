@@ -1,8 +1,22 @@
 # Stage 4: every run's summary and step log -> the tidy tables of the report's main sections
 # (runs, steps, ranks, activations, parity). Logic: shardlab.tables.runs.
 
+# How small an error the parity check catches (config parity_sensitivity; absent: not measured): one
+# torchrun job training the injected-error cases of shardlab.bench.parity_sensitivity.
+from shardlab.bench.parity_sensitivity import strategies as sensitivity_strategies
+
+SENSITIVITY = config.get("parity_sensitivity")
+SENSITIVITY_LOSSES = [f"{RESULTS}/parity_sensitivity/parity_sensitivity_losses.csv"] if SENSITIVITY else []
+
 RUNS_TABLES = table_files(
-    "runs", "steps", "ranks", "activations", "parity", "environments", "experiments"
+    "runs",
+    "steps",
+    "ranks",
+    "activations",
+    "parity",
+    "environments",
+    "experiments",
+    *(["parity_sensitivity"] if SENSITIVITY else []),
 )
 
 
@@ -12,6 +26,7 @@ rule runs_tables:
         metrics=[f"{run_dir(exp, s)}/metrics.jsonl" for exp, s in RUNS],
         experiments=[settings_file(exp) for exp in EXPERIMENTS],
         models=sorted({model_record(exp) for exp in EXPERIMENTS}),
+        tables=SENSITIVITY_LOSSES,
         code=code("tables/__init__", "tables/runs", "tables/parity"),
     output:
         RUNS_TABLES,
@@ -24,6 +39,33 @@ rule runs_tables:
         args=lambda w, input: table_args(input),
     shell:
         "python -m shardlab tables runs --out-dir {params.out} {params.args} > {log} 2>&1"
+
+
+if SENSITIVITY:
+
+    rule parity_sensitivity:
+        input:
+            settings=settings_file(SENSITIVITY["experiment"]),
+            model=model_record(SENSITIVITY["experiment"]),
+            tokens=tokens_path(SENSITIVITY["experiment"]),
+            code=code("bench/parity_sensitivity")
+            + sorted({f for s in sensitivity_strategies() for f in run_sources(s)}),
+        output:
+            SENSITIVITY_LOSSES,
+        log:
+            f"{RESULTS}/logs/parity_sensitivity.log",
+        conda:
+            ENV
+        # Locally all cores, like a run: its 2 ranks train while nothing else shares the CPUs.
+        threads: job_threads(launch_threads(EXPERIMENTS[SENSITIVITY["experiment"]]["launch"], 2))
+        params:
+            model_dir=lambda w, input: os.path.dirname(input.model),
+            dtypes=",".join(SENSITIVITY["dtypes"]),
+            timeout=SENSITIVITY["timeout_s"],
+        shell:
+            "python -m shardlab.bench.parity_sensitivity --experiment-config {input.settings}"
+            " --model-dir {params.model_dir} --tokens {input.tokens} --dtypes {params.dtypes}"
+            " --timeout-s {params.timeout} --out {output} > {log} 2>&1"
 
 
 REPORT_INPUTS.extend(RUNS_TABLES)

@@ -25,7 +25,7 @@ from shardlab.runner.failures import failure_outcome
 from shardlab.runner.metrics import attempt_resumes, now, write_json
 from shardlab.runner.nodes import Rendezvous, slurm_job_id, slurm_rendezvous, srun_prefix
 from shardlab.runner.process import Interrupted, console, run_logged
-from shardlab.strategies import get_spec
+from shardlab.strategies import get_spec, threads_per_rank
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "run.log")
 
@@ -137,7 +137,7 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
         return dict(base, status="failed", reason=str(err), world_size=None), None
     console(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es){where} -> {attempt}")
     started = time.time()
-    env = dict(run_environment(exp), SHARDLAB_RESTART=str(restart), SHARDLAB_LAUNCH_T0=repr(started))
+    env = dict(run_environment(exp, strategy), SHARDLAB_RESTART=str(restart), SHARDLAB_LAUNCH_T0=repr(started))
     timeout_s = exp["launch"]["timeout_s"]
     rc, stopped = run_logged(command, attempt / "run.log", env, timeout_s, tag=str(attempt))
     if rc == 0 and not stopped and (attempt / "summary.json").exists():
@@ -150,8 +150,8 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
     return summary, stopped
 
 
-def run_environment(exp: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(exp["launch"]["threads_per_rank"]), PYTHONUNBUFFERED="1")
+def run_environment(exp: dict, strategy: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank(exp, strategy)), PYTHONUNBUFFERED="1")
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' deterministic mode (training.deterministic)
     if exp["launch"]["device"] == "cpu" or (exp["launch"]["device"] == "auto" and not _has_nvidia_driver()):
         env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed otherwise looks for a GPU

@@ -29,7 +29,7 @@ from shardlab.core.timing import timed_steps
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model, snapshot_dir
-from shardlab.strategies import get_spec
+from shardlab.strategies import NOISE_RUNS, get_spec, threads_per_rank
 from shardlab.core.topology import init_topology, shutdown
 from shardlab.runner.loop import train
 
@@ -47,6 +47,13 @@ def make_reproducible(training: dict) -> None:
 
 def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
+
+
+def compute(env: dict) -> dict:
+    """What a run computed on, to compare throughputs fairly: GPUs, or the CPU cores its threads occupy."""
+    if env["device_type"] == "cuda":
+        return {"unit": "GPU", "count": env["world_size"]}
+    return {"unit": "core", "count": min(env["world_size"] * env["threads_per_rank"], env["cpu_cores"] or 1)}
 
 
 def summarize(exp: dict, strategy: str, records: list[dict], ranks: list[dict], env: dict, n_params: int) -> dict:
@@ -70,6 +77,7 @@ def summarize(exp: dict, strategy: str, records: list[dict], ranks: list[dict], 
         "step_time_median_s": step_median,
         "tokens_per_s": training["global_batch_size"] * training["seq_len"] / step_median,
         "comm_time_median_s": statistics.median(comm) if comm else None,
+        "compute": compute(env),
         "final_loss": records[-1]["loss"],
         "final_val_loss": val[-1] if val else None,
         "ranks": ranks,
@@ -137,7 +145,7 @@ def run(args: argparse.Namespace) -> None:
     out = args.out
     rank = int(os.environ.get("RANK", 0))  # known before the process group exists, so init failures are recorded
     try:
-        topo = init_topology(exp["launch"])
+        topo = init_topology(dict(exp["launch"], threads_per_rank=threads_per_rank(exp, args.strategy)))
         phases.done("process_group")
         make_reproducible(training)
         model = load_model(args.model_dir)
@@ -158,13 +166,14 @@ def run(args: argparse.Namespace) -> None:
         started = time.time()
         checkpoint, start_step, resumes = resume(args, exp, topo, strategy, log)
         phases.done("data_and_resume")
+        keeps_model = args.strategy not in NOISE_RUNS  # a noise-floor run is compared by its losses alone
         snapshot = None
-        if training.get("save_model_every"):  # the science evaluation's curves: a domain metric against step
+        if training.get("save_model_every") and keeps_model:  # the science evaluation's curves: a domain metric against step
             snapshot = lambda n: save_final_model(strategy, model, args.tokens.parent, snapshot_dir(out, n))  # noqa: E731
         measured = train(strategy, batches, training, log, label=args.strategy, start_step=start_step,
                          checkpoint=checkpoint, resumes=resumes, snapshot=snapshot)
         phases.done("training")
-        if training.get("save_model"):
+        if training.get("save_model") and keeps_model:
             save_final_model(strategy, model, args.tokens.parent, out / "model")
         measured["rank"] = topo.rank
         ranks = [None] * topo.world_size

@@ -9,20 +9,41 @@ module, and its tests.
 
 from __future__ import annotations
 
+import os
+
 from shardlab.costs.memory import unsharded
 from shardlab.strategies import context_parallel, data_parallel, expert_parallel, pipeline_parallel, tensor_parallel, zero
+from shardlab.errors import ConfigError
 from shardlab.strategies.spec import StrategySpec, one
+
+def check_reorderable(exp: dict, where: str, world) -> None:
+    """The reordered reference splits each micro-batch in two, so a micro-batch needs two sequences."""
+    training = exp["training"]
+    if (training.get("micro_batch_size") or training["global_batch_size"]) < 2:
+        field = "micro_batch_size" if training.get("micro_batch_size") else "global_batch_size"
+        raise ConfigError(f"{where.rsplit('.strategy_options', 1)[0]}.training.{field}",
+                          "the parity check's noise floor (single_reordered) splits each micro-batch in two: "
+                          "it needs at least 2 sequences per micro-batch")
+
 
 SINGLE = StrategySpec(
     "single", "shardlab.strategies.single:SingleDevice", "baseline", "runs",
     "One process, the reference every parallel run is checked against.",
     lambda model, step, world, options: [],
     lambda model, world, options, dtype, optimizer: [unsharded(model.parameters(), dtype, optimizer)],
-    reference="single", single_process=True, data_parallel_size=one)
+    reference="single", single_process=True, data_parallel_size=one, reordered="single_reordered")
+SINGLE_REORDERED = StrategySpec(
+    "single_reordered", "shardlab.strategies.single:SingleReordered", "baseline", "runs",
+    "The reference with its micro-batches and its linear layers' sums split in two: the same math in another "
+    "order, so its distance from `single` is the rounding noise the parity check allows for (tables.parity).",
+    SINGLE.comm_plan, SINGLE.model_states, single_process=True, data_parallel_size=one,
+    check_options=check_reorderable)
 
 _FAMILIES = (data_parallel, zero, tensor_parallel, pipeline_parallel, context_parallel, expert_parallel)
-REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in [SINGLE, *(s for f in _FAMILIES for s in f.SPECS)]}
+REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in [SINGLE, SINGLE_REORDERED, *(s for f in _FAMILIES for s in f.SPECS)]}
 TOPICS: tuple[str, ...] = tuple(dict.fromkeys(spec.topic for spec in REGISTRY.values()))
+# Runs that measure rounding noise for the parity rule, not a technique: no ranking or claim counts them.
+NOISE_RUNS: frozenset[str] = frozenset(filter(None, (x for s in REGISTRY.values() for x in (s.reordered, s.bf16_twin))))
 
 
 def get_spec(name: str) -> StrategySpec:
@@ -35,3 +56,26 @@ def get_spec(name: str) -> StrategySpec:
 def strategies_of(topic: str) -> list[str]:
     """The strategies a topic's tables and report section cover, in registry order."""
     return [name for name, spec in REGISTRY.items() if spec.topic == topic]
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity: a Slurm or container limit), else all of them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def launch_threads(launch: dict, world: int | str) -> int:
+    """CPU threads a launch uses: ranks x launch.threads_per_rank ('auto' ranks: counted at launch, 1 here)."""
+    return launch["threads_per_rank"] * (1 if world == "auto" else int(world))
+
+
+def threads_per_rank(exp: dict, strategy: str) -> int:
+    """CPU threads each rank of a run uses: launch.threads_per_rank, except that a one-process run gets the
+    cores of the experiment's widest run (ranks x threads_per_rank, at most this machine's cores), so that
+    throughputs are compared at equal cores: `single` against a 2-rank run of 1 thread a rank runs with 2
+    threads. On GPUs a one-process run still holds 1 device against N: the tables say so (`compute.count`)."""
+    threads = exp["launch"]["threads_per_rank"]
+    if not REGISTRY[strategy].single_process:
+        return threads
+    strategies = [*exp.get("strategies", []), *exp.get("noise_floor_runs", [])]
+    widest = max((w for w in (REGISTRY[s].world_size(exp) for s in strategies) if isinstance(w, int)), default=1)
+    return max(threads, min(threads * widest, available_cores()))

@@ -48,6 +48,12 @@ class StrategySpec:
     comm_plan: CommPlan
     model_states: MemoryPlan
     reference: str = "single"  # the run its losses must reproduce (same experiment)
+    # The runs whose distance from the reference is the rounding noise a parity check allows (tables.parity):
+    # on a reference, its repeat in another summation order (None where no other order is the same math);
+    # on a strategy whose bf16 is its library's own recipe (bf16 weights, not autocast), that recipe on
+    # one process, compared outside fp32 only.
+    reordered: str | None = None
+    bf16_twin: str | None = None
     twin: str | None = None  # for a hand-written strategy: the production one it is measured against
     single_process: bool = False
     data_parallel_size: Callable[[int, dict], int] = whole_world  # ranks that split the global batch

@@ -31,8 +31,8 @@ from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 
 TOPIC = "data_parallel"
-THROUGHPUT_COLUMNS = ["experiment", "strategy", "family", "reference", "twin", "status", "world_size",
-                      "tokens_per_s", "step_time_median_s", "reference_tokens_per_s", "ratio_to_reference",
+THROUGHPUT_COLUMNS = ["experiment", "strategy", "family", "reference", "twin", "status", "world_size", "compute",
+                      "tokens_per_s", "step_time_median_s", "reference_compute", "reference_tokens_per_s", "ratio_to_reference",
                       "ratio_to_reference_low", "ratio_to_reference_high", "twin_tokens_per_s", "ratio_to_twin",
                       "ratio_to_twin_low", "ratio_to_twin_high"]
 PAIR_COLUMNS = ["experiment", "family", "strategy", "other", "tokens_per_s", "other_tokens_per_s", "ratio",
@@ -51,6 +51,14 @@ def of_topic(summaries: list[dict], topic: str) -> list[dict]:
 def _rate(run: dict | None) -> float | None:
     """tokens/s of a finished run, None for a missing or failed one (it has no throughput to compare)."""
     return run.get("tokens_per_s") if run and run.get("status") == "ok" else None
+
+
+def _compute(run: dict | None) -> str | None:
+    """What a finished run computed on ('2 cores', '8 GPUs'), beside its throughput."""
+    if not run or run.get("status") != "ok" or "compute" not in run:
+        return None
+    count, unit = run["compute"]["count"], run["compute"]["unit"]
+    return f"{count} {unit}{'s' * (count != 1)}"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -95,8 +103,10 @@ def throughput_rows(summaries: list[dict], topic: str, times: dict | None = None
         twin_low, twin_high = interval(times, s["experiment"], s["strategy"], spec.twin)
         rows.append({"experiment": s["experiment"], "strategy": s["strategy"], "family": spec.family,
                      "reference": spec.reference, "twin": spec.twin, "status": s["status"],
-                     "world_size": s.get("world_size"), "tokens_per_s": rate,
-                     "step_time_median_s": s.get("step_time_median_s"), "reference_tokens_per_s": reference,
+                     "world_size": s.get("world_size"), "compute": _compute(s), "tokens_per_s": rate,
+                     "step_time_median_s": s.get("step_time_median_s"),
+                     "reference_compute": _compute(by_run.get((s["experiment"], spec.reference))),
+                     "reference_tokens_per_s": reference,
                      "ratio_to_reference": _ratio(rate, reference), "ratio_to_reference_low": ref_low,
                      "ratio_to_reference_high": ref_high, "twin_tokens_per_s": twin, "ratio_to_twin": _ratio(rate, twin),
                      "ratio_to_twin_low": twin_low, "ratio_to_twin_high": twin_high})

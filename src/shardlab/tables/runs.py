@@ -7,7 +7,9 @@
   and the registry's model-state prediction beside them (`predicted_*_bytes`)
 - activations: one row per run rank module (bytes saved for backward)
 - parity: one row per parallel run: its largest loss deviation from its reference run (same
-  experiment) against the float32 rounding tolerance of `tables.parity`
+  experiment) against the rounding tolerance of `tables.parity` (a bound, or its measured noise floor)
+- parity_sensitivity (when the study has `parity_sensitivity`): the same rule against errors injected
+  on purpose, per dtype (`bench.parity_sensitivity`)
 - environments: the distinct software/hardware environments the finished runs ran in
 - experiments: one row per experiment: model, parameters, steps, tokens per step, finished runs
 """
@@ -21,7 +23,7 @@ import pandas as pd
 from shardlab.core.timing import timed_steps
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
-from shardlab.tables.parity import parity_rows
+from shardlab.tables.parity import parity_rows, sensitivity_rows
 
 RUN_KEYS = ("experiment", "strategy", "status")
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
@@ -74,6 +76,23 @@ def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], li
     return run, [dict(key, **s) for s in steps], rank_rows, activation_rows
 
 
+def compute_units(runs: pd.DataFrame) -> dict[tuple[str, str], tuple[int, str]]:
+    """(GPUs or CPU cores, unit) of every finished run by (experiment, strategy): what a throughput used."""
+    if "compute.count" not in runs:
+        return {}
+    ok = _ok(runs).dropna(subset=["compute.count"])
+    return {(r["experiment"], r["strategy"]): (int(r["compute.count"]), r["compute.unit"]) for _, r in ok.iterrows()}
+
+
+def unequal_compute(units: dict, experiment: str, a: str, b: str) -> str:
+    """'' when runs a and b of an experiment used as many cores (or GPUs), else what each used, to state beside
+    their throughput ratio (a one-process run gets the cores of the widest run on CPU, never more GPUs)."""
+    ua, ub = units.get((experiment, a)), units.get((experiment, b))
+    if ua is None or ub is None or ua == ub:
+        return ""
+    return f"{ua[0]} {ua[1]}{'s' * (ua[0] != 1)} against {ub[0]}"
+
+
 ENVIRONMENT = ("device_type", "device_name", "cpu_model", "cpu_cores", "memory_gib", "backend", "world_size",
                "threads_per_rank", "torch", "transformers", "deepspeed", "python", "git_commit", "git_dirty")
 
@@ -113,6 +132,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         "activations": pd.DataFrame(activations, columns=[*RUN_KEYS, "rank", "module", "bytes"]),
     }
     tables["parity"] = parity_rows(inputs.summaries, inputs.experiments)
+    if "parity_sensitivity_losses" in inputs.tables:  # the rule against injected errors (bench.parity_sensitivity)
+        tables["parity_sensitivity"] = sensitivity_rows(inputs.tables["parity_sensitivity_losses"], inputs.experiments)
     tables["environments"] = environments(tables["runs"])
     tables["experiments"] = experiments(tables["runs"])
     ok = int((tables["runs"]["status"] == "ok").sum()) if len(runs) else 0

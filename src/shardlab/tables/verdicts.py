@@ -24,7 +24,9 @@ import pandas as pd
 
 from shardlab.core.timing import run_to_run_sigma, throughput_ratio, with_run_noise
 from shardlab.costs.memory import ZERO_LADDER
+from shardlab.strategies import NOISE_RUNS
 from shardlab.tables import TableInputs
+from shardlab.tables.runs import compute_units, unequal_compute
 
 TOPIC = "verdicts"
 COLUMNS = ["claim", "statement", "experiment", "measure", "ratio", "ratio_low", "ratio_high", "verdict", "evidence"]
@@ -129,10 +131,14 @@ def tp_memory_rows(tp: pd.DataFrame | None) -> list[dict]:
     for exp, g in tp.groupby("tp_experiment"):
         by = g.groupby("strategy")[list(STATE_CATEGORIES)].max()
         if {"single", "tp"} <= set(by.index):
-            ratios = by.loc["tp"] / by.loc["single"]
+            held = by.loc["single"] > 0  # e.g. SGD keeps no optimizer state: nothing there to reduce
+            ratios = by.loc["tp", held] / by.loc["single", held]
             evidence = ", ".join(f"{c.removesuffix('_bytes')} {r:.2f}" for c, r in ratios.items())
-            rows.append(_row("3", tp_all, exp, "tp / single bytes per rank, largest category", ratios.max(),
-                             SUPPORTED if (ratios < 1).all() else CONTRADICTED, f"tp / single: {evidence}"))
+            verdict = UNDECIDED if not held.all() else SUPPORTED if (ratios < 1).all() else CONTRADICTED
+            if not held.all():
+                evidence += "; single holds no " + " or ".join(c.removesuffix("_bytes") for c in held.index[~held])
+            rows.append(_row("3", tp_all, exp, "tp / single bytes per rank, largest category", ratios.max(), verdict,
+                             f"tp / single: {evidence}"))
         if {"tp", "tp_sp"} <= set(by.index):
             ratio = by.loc["tp_sp", "activation_bytes"] / by.loc["tp", "activation_bytes"]
             rows.append(_row("4", sp_less, exp, "activation bytes tp_sp / tp", ratio,
@@ -165,12 +171,13 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     tolerance of their reference): the fastest, against the runner-up with its interval, and the one
     holding the least model state (parameters, gradients, optimizer) on its fullest rank."""
     times, parity, ranks = _times(tables["steps"]), tables.get("parity"), tables.get("ranks")
+    units = compute_units(tables["runs"]) if "runs" in tables else {}
     wrong = set()
-    if parity is not None and not parity.empty:
-        wrong = set(map(tuple, parity.loc[~parity["within_tolerance"].astype(bool), ["experiment", "strategy"]].values))
+    if parity is not None and not parity.empty:  # outside the tolerance; an undecided check excludes nothing
+        wrong = set(map(tuple, parity.loc[parity["within_tolerance"] == False, ["experiment", "strategy"]].values))  # noqa: E712
     rows = []
     for exp in sorted({e for e, _ in times}):
-        eligible = {s: t for (e, s), t in times.items() if e == exp and (e, s) not in wrong}
+        eligible = {s: t for (e, s), t in times.items() if e == exp and (e, s) not in wrong and s not in NOISE_RUNS}
         if len(eligible) < 2:
             continue
         ranked = sorted(eligible, key=lambda s: np.median(eligible[s]))
@@ -179,7 +186,8 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         clear = low > 1
         rows.append({"experiment": exp, "goal": "throughput", "choice": best, "versus": second, "ratio": ratio,
                      "ratio_low": low, "ratio_high": high, "decided": clear,
-                     "evidence": f"{ratio:.2f}x {second}'s tokens/s ({how})"
+                     "evidence": f"{ratio:.2f}x {second}'s tokens/s ({how}"
+                                 + (f"; {cores}" if (cores := unequal_compute(units, exp, best, second)) else "") + ")"
                                  + ("" if clear else ": tied within the noise")})
         if ranks is not None and not ranks.empty:
             held = ranks[(ranks["experiment"] == exp) & ranks["strategy"].isin(list(eligible))]

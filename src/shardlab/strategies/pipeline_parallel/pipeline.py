@@ -132,7 +132,7 @@ class PipelineParallel(Strategy):
             self.timeline.begin_step()
         self.timeline.recording = instrumented
         try:
-            with tracker:
+            with tracker, self.autocast():  # bf16: every stage's forward under autocast, as one device runs
                 self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         finally:
             self.timeline.recording = False
@@ -160,7 +160,8 @@ class PipelineParallel(Strategy):
     def evaluate(self, inputs, labels):
         args, target = self._schedule_args(inputs, labels)
         losses: list[torch.Tensor] = []
-        self.schedule.eval(*args, target=target, losses=losses)
+        with self.autocast():
+            self.schedule.eval(*args, target=target, losses=losses)
         self._after_eval = True
         return torch.stack(losses).mean() if losses else torch.zeros(())
 

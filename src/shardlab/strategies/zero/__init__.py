@@ -40,11 +40,27 @@ def _states(name: str):
     return states
 
 
+# In bf16 DeepSpeed and FSDP2 keep the module's weights in bf16 (FSDP2: param_dtype), where `single` runs
+# autocast over fp32 weights: another rounding of the same training, whose distance from `single` is
+# measured by the library's own recipe on one process (DeepSpeed at ZeRO-1: stage 0's bf16 path starts
+# AdamW one step ahead, see deepspeed.py) and allowed for by the parity rule (tables.parity).
+BF16_TWINS = {"deepspeed": ("deepspeed_single", "Zero1", "zero1"), "fsdp2": ("fsdp2_single", "FSDP2Full", "fsdp2_full")}
+
+
+def _twin(framework: str) -> StrategySpec:
+    name, cls, rung = BF16_TWINS[framework]
+    module = "fsdp2" if framework == "fsdp2" else "deepspeed"
+    return StrategySpec(name, f"shardlab.strategies.zero.{module}:{cls}", "baseline", "runs",
+                        f"{framework} on one process: its own bf16 recipe, compared with `single` to measure that "
+                        f"recipe's rounding noise (tables.parity).", lambda model, step, world, options: [],
+                        _states(rung), single_process=True, data_parallel_size=lambda world, options: 1)
+
+
 def _spec(name: str, rung: ZeroRung) -> StrategySpec:
     cls, summary = SUMMARIES[name]
     module = "fsdp2" if rung.framework == "fsdp2" else "deepspeed"
     return StrategySpec(name, f"shardlab.strategies.zero.{module}:{cls}", "zero", TOPIC, summary, _comm(name, rung),
-                        _states(name), zero=rung,
+                        _states(name), zero=rung, bf16_twin=BF16_TWINS[rung.framework][0],
                         check_options=check_zero_options if rung.framework == "deepspeed" else _no_fsdp2_options)
 
 
@@ -56,4 +72,4 @@ def _no_fsdp2_options(exp: dict, where: str, world) -> None:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown FSDP2 option (known: world_size)")
 
 
-SPECS = [_spec(name, rung) for name, rung in {**ZERO_LADDER, **FSDP2_RUNGS}.items()]
+SPECS = [*(_spec(name, rung) for name, rung in {**ZERO_LADDER, **FSDP2_RUNGS}.items()), *map(_twin, BF16_TWINS)]
