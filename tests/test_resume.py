@@ -206,7 +206,7 @@ def test_only_strategies_whose_state_dcp_can_recut_claim_to_reshard():
     ds_to_universal converter is the way, not wired here), and hand-cut shards have per-rank names:
     both resume only at the world size that wrote them, and Checkpointer skips other checkpoints."""
     reshardable = {name for name, spec in REGISTRY.items() if spec.load().reshardable}
-    assert reshardable == {"dp_naive", "dp_interleaved", "ddp", "fsdp2_grad_op", "fsdp2_full"}
+    assert reshardable == {"dp_naive", "dp_interleaved", "ddp", "fsdp2_grad_op", "fsdp2_full", "fsdp2_single"}
 
 
 def _study(root: Path, fault: str) -> Path:

@@ -16,6 +16,7 @@ from shardlab.strategies import context_parallel, data_parallel, expert_parallel
 from shardlab.errors import ConfigError
 from shardlab.strategies.spec import StrategySpec, one
 
+
 def check_reorderable(exp: dict, where: str, world) -> None:
     """The reordered reference splits each micro-batch in two, so a micro-batch needs two sequences."""
     training = exp["training"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shardlab.costs.comm_volume import data_parallel, zero_sharded_optimizer, zero_sharded_parameters
 from shardlab.costs.memory import FSDP2_RUNGS, ZERO_LADDER, ZeroRung, parameter_shapes, predict
-from shardlab.strategies.spec import StrategySpec
+from shardlab.strategies.spec import StrategySpec, one
 from shardlab.strategies.zero.settings import check_zero_options
 
 TOPIC = "zero"
@@ -49,11 +49,10 @@ BF16_TWINS = {"deepspeed": ("deepspeed_single", "Zero1", "zero1"), "fsdp2": ("fs
 
 def _twin(framework: str) -> StrategySpec:
     name, cls, rung = BF16_TWINS[framework]
-    module = "fsdp2" if framework == "fsdp2" else "deepspeed"
-    return StrategySpec(name, f"shardlab.strategies.zero.{module}:{cls}", "baseline", "runs",
+    return StrategySpec(name, f"shardlab.strategies.zero.{framework}:{cls}", "baseline", "runs",
                         f"{framework} on one process: its own bf16 recipe, compared with `single` to measure that "
                         f"recipe's rounding noise (tables.parity).", lambda model, step, world, options: [],
-                        _states(rung), single_process=True, data_parallel_size=lambda world, options: 1)
+                        _states(rung), single_process=True, data_parallel_size=one)
 
 
 def _spec(name: str, rung: ZeroRung) -> StrategySpec:
