@@ -113,3 +113,19 @@ def assert_losses_match(losses, reference, tokens_per_step=TEST_TOKENS_PER_STEP,
     allowed = loss_tolerance(reference, tokens_per_step, dtype, noise_floor)
     assert allowed.undecided is None, allowed.undecided
     assert_within("loss", max_deviation(losses, reference), allowed.value)
+
+
+def zero_rung(strategy: str):
+    """The ZeRO rung (costs.memory.ZeroRung) of a registered strategy's Plan."""
+    from shardlab.costs.memory import ZeroRung
+    from shardlab.strategies import REGISTRY
+
+    fields = REGISTRY[strategy].plan_fields(2, {})
+    return ZeroRung.of(fields.get("zero", 0), fields.get("offload", "none"), fields["framework"])
+
+
+def rung_states(strategy: str, *args, **kwargs):
+    """costs.memory.predict for a registered strategy's rung (the memory model's own tests)."""
+    from shardlab.costs.memory import predict
+
+    return predict(zero_rung(strategy), *args, **kwargs)

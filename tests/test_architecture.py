@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from conftest import REPO
-from shardlab.costs.shapes import ModelShape, StepShape
-from shardlab.strategies import REGISTRY, TOPICS as STRATEGY_TOPICS
+from shardlab.costs.plan import Cluster, Workload, rejection
+from shardlab.costs.predict import collectives, rank_states
+from shardlab.costs.shapes import ModelShape
+from shardlab.strategies import REGISTRY, TOPICS as STRATEGY_TOPICS, Family
 from shardlab.tables import TOPICS as TABLE_TOPICS
 
 SRC = REPO / "src" / "shardlab"
@@ -111,23 +113,32 @@ def test_no_source_file_is_over_300_lines():
 
 # --- the registry is the single source of strategy facts ----------------------------------------
 SHAPE = ModelShape(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
-STEP = StepShape(global_batch=8, seq_len=32, micro_batch=None, activation_bytes=4)
+EXP = {"training": {"global_batch_size": 8, "seq_len": 32, "micro_batch_size": None, "dtype": "fp32",
+                    "optimizer": "adamw"}, "strategy_options": {}}
 
 
 def _world(spec) -> int:
-    return 1 if spec.single_process else 4 if spec.family == "hybrid" else 2
+    return 1 if spec.single_process else 4 if spec.family == Family.HYBRID else 2
+
+
+def predicted_run(spec, world: int):
+    """(model, plan, collectives, per-rank model states) of a run of `spec`, as the tables predict it."""
+    model, plan = spec.run_model(SHAPE, EXP), spec.run_plan(EXP, world)
+    calls = collectives(model, plan, Workload.from_training(EXP["training"]))
+    return model, plan, calls, [rank_states(model, plan, r) for r in range(world)]
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_every_strategy_has_a_plan_a_prediction_and_a_home(name):
+def test_every_strategy_is_a_valid_plan_with_a_prediction_and_a_home(name):
     spec = REGISTRY[name]
     world = _world(spec)
-    plan = spec.comm_plan(SHAPE, STEP, world, {})
-    assert isinstance(plan, list) and (spec.single_process or plan), f"{name}: no communication plan"
-    assert all(call.bus_bytes > 0 for call in plan), f"{name}: a call moves no bytes"
-    states = spec.model_states(SHAPE, world, {}, "fp32", "adamw")
-    assert len(states) == world and all(s.param_bytes > 0 and s.optimizer_bytes > 0 for s in states), name
-    assert sum(s.param_bytes for s in states) >= 4 * SHAPE.parameters() or spec.family == "expert parallel"
+    model, plan, calls, states = predicted_run(spec, world)
+    assert rejection(model, plan, Cluster("H100-SXM", 1, world), Workload(8, 32)) is None, name
+    assert plan.world == world and isinstance(spec.family, Family)
+    assert spec.single_process or calls, f"{name}: no communication"
+    assert all(call.bus_bytes > 0 for call in calls), f"{name}: a call moves no bytes"
+    assert all(s.param_bytes > 0 and s.optimizer_bytes > 0 for s in states), name
+    assert sum(s.param_bytes for s in states) >= 4 * model.parameters() - 1, f"{name}: parameters lost"
     assert REGISTRY[spec.reference].reference == spec.reference, f"{name}: reference {spec.reference} is not a reference"
     assert spec.twin is None or REGISTRY[spec.twin].family == spec.family
     assert spec.topic in TABLE_TOPICS
@@ -143,14 +154,33 @@ def test_registry_topics_are_table_topics_and_every_topic_has_its_three_files():
             assert (REPO / path).is_file(), path
 
 
-def test_a_strategy_without_a_plan_is_caught(monkeypatch):
-    """The walk above can fail: a strategy whose plan forgets its communication is reported."""
+def test_a_strategy_whose_plan_communicates_nothing_is_caught(monkeypatch):
+    """The walk above can fail: a multi-rank strategy whose Plan puts every rank alone is reported."""
     from dataclasses import replace
 
-    broken = replace(REGISTRY["ddp"], comm_plan=lambda *args: [])
-    monkeypatch.setitem(REGISTRY, "ddp", broken)
-    with pytest.raises(AssertionError, match="no communication plan"):
-        test_every_strategy_has_a_plan_a_prediction_and_a_home("ddp")
+    monkeypatch.setitem(REGISTRY, "ddp", replace(REGISTRY["ddp"], plan=lambda world, options: {"dp": 1}))
+    with pytest.raises(AssertionError):
+        test_every_strategy_is_a_valid_plan_with_a_prediction_and_a_home("ddp")
+
+
+# One implementation per prediction: the tables ask `costs.predict`, never the models behind it.
+PREDICTION_MODULES = {"shardlab.costs.rank_memory", "shardlab.costs.step_time", "shardlab.costs.comm_volume"}
+PREDICTION_NAMES = {"shardlab.costs.memory": {"predict", "unsharded"}}
+
+
+def test_tables_take_predictions_only_from_the_one_entry_point():
+    bad = []
+    for path in (SRC / "tables").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {a.name for a in node.names}
+                if node.module in PREDICTION_MODULES and names - {"Call", "bytes_per_rank"}:
+                    bad.append(f"{path.name}: {node.module} {sorted(names)}")
+                if names & PREDICTION_NAMES.get(node.module, set()):
+                    bad.append(f"{path.name}: {node.module} {sorted(names)}")
+                if node.module == "shardlab.costs" and names & {m.rsplit(".", 1)[1] for m in PREDICTION_MODULES}:
+                    bad.append(f"{path.name}: {node.module} {sorted(names)}")
+    assert not bad, "tables predicting around costs.predict:\n" + "\n".join(bad)
 
 
 # --- no name lists outside the registry and the configs -----------------------------------------

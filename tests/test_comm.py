@@ -12,7 +12,9 @@ from shardlab.costs.alpha_beta import AlphaBeta, fit_alpha_beta, fit_table, mode
 from shardlab.costs.collectives import COLLECTIVES, bus_factor, busbw
 from shardlab.costs.comm_volume import bytes_per_rank
 from shardlab.costs.network import LINKS, MEASURED_LINK
-from shardlab.costs.shapes import ModelShape, StepShape
+from shardlab.costs.plan import Workload
+from shardlab.costs.predict import collectives
+from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 from shardlab.strategies import REGISTRY, get_spec
 from shardlab.tables import TableInputs
@@ -78,7 +80,7 @@ def test_fit_table_fits_bus_bytes_per_collective():
 
 # --- volumes against hand counts (the conftest tiny model: h=64, 2 layers, i=256, V=256) --------------
 TINY = ModelShape.from_dict(TEST_EXPERIMENT["model"])
-STEP = StepShape.from_training(TEST_EXPERIMENT["training"])  # batch 8 x 32 tokens, fp32
+
 # Hand count. Per layer: 2 LayerNorms 4*64; QKV 64*192+192; dense 64*64+64; MLP 64*256+256 and 256*64+64.
 LAYER = 4 * 64 + (64 * 192 + 192) + (64 * 64 + 64) + (64 * 256 + 256) + (256 * 64 + 64)
 PARAMS = 256 * 64 + 2 * LAYER + 2 * 64 + 64 * 256  # embedding, layers, final LayerNorm, untied head
@@ -95,9 +97,11 @@ def test_parameter_count_matches_hand_count_and_the_real_model():
     assert sum(p.numel() for p in real.parameters()) == PARAMS
 
 
-def plan(strategy: str, world: int, options: dict | None = None, step: StepShape = STEP):
-    """The strategy's plan from the registry, as the tables ask for it."""
-    return get_spec(strategy).comm_plan(TINY, step, world, options or {})
+def plan(strategy: str, world: int, options: dict | None = None, dtype: str = "fp32"):
+    """The collectives of the strategy's Plan (batch 8 x 32 tokens), as the tables ask for them."""
+    spec = get_spec(strategy)
+    exp = {"training": dict(TEST_EXPERIMENT["training"], dtype=dtype), "strategy_options": {strategy: options or {}}}
+    return collectives(spec.run_model(TINY, exp), spec.run_plan(exp, world), Workload.from_training(exp["training"]))
 
 
 def test_data_parallel_volume_is_one_gradient_all_reduce():
@@ -133,7 +137,7 @@ def test_tensor_parallel_volume_per_layer():
     assert bytes_per_rank(plan("tp_sp", 2)) == bytes_per_rank(tp)
     assert bytes_per_rank(plan("tp_sp_dtensor", 4)) == bytes_per_rank(plan("tp_dtensor", 4))
     # bf16 autocast halves activation traffic.
-    assert bytes_per_rank(plan("tp", 2, step=StepShape(8, 32, None, 2))) == bytes_per_rank(tp) / 2
+    assert bytes_per_rank(plan("tp", 2, dtype="bf16")) == bytes_per_rank(tp) / 2
 
 
 def test_pipeline_context_and_expert_volumes():
@@ -147,7 +151,7 @@ def test_pipeline_context_and_expert_volumes():
     # per layer 4 all-to-alls (dispatch + combine, forward + backward) of 4*32*64*4 * 2 bytes, half of which
     # crosses to the other rank; the dense (non-expert) gradients are all-reduced.
     ep = plan("ep_moe", 2)
-    dense = PARAMS - 2 * ((64 * 256 + 256) + (256 * 64 + 64))
+    dense = PARAMS - 2 * ((64 * 256 + 256) + (256 * 64 + 64)) + 2 * 64 * 4  # no dense MLPs; the routers (h x 4 experts)
     assert bytes_per_rank(ep) == 2 * 4 * (4 * 32 * 64 * 4 * 2) * 0.5 + dense * 4
     assert bytes_per_rank(plan("ep_moe", 2, {"top_k": 1})) == 2 * 4 * (4 * 32 * 64 * 4) * 0.5 + dense * 4
 
@@ -281,12 +285,16 @@ def test_projection_at_the_study_scale():
     assert 6.8e9 < params < 6.9e9
     # 10 GbE: 1.75 * 27.4 GB at 1.25 GB/s is ~38 s of gradient traffic per step; NVLink 100x less.
     assert ddp.loc["10 Gb/s Ethernet", "comm_s"] == pytest.approx(ddp["bytes_per_rank"].iloc[0] / 1.25e9 + 30e-6)
-    zero3 = table[table.strategy == "zero3"]["bytes_per_rank"].iloc[0]
-    assert zero3 == pytest.approx(1.5 * ddp["bytes_per_rank"].iloc[0])
+    # ZeRO-3 gathers the parameters twice and reduce-scatters the gradients once per micro-batch (4 of one
+    # sequence per rank), all in DeepSpeed's bf16: 4 x 1.5 x 2/4 = 3 x DDP's fp32 all-reduce; ZeRO-0 is
+    # DDP's all-reduce in bf16, half its bytes.
+    zero3, zero0 = (table[table.strategy == s]["bytes_per_rank"].iloc[0] for s in ("zero3", "zero0"))
+    assert zero3 == pytest.approx(3 * ddp["bytes_per_rank"].iloc[0])
+    assert zero0 == pytest.approx(ddp["bytes_per_rank"].iloc[0] / 2)
     assert table["comm_s"].notna().all()
     # Strategies with the same plan share a group, drawn once by its first member.
     groups = table.drop_duplicates("strategy").set_index("strategy")
-    assert groups.loc["ddp", "plan_group"] == groups.loc["zero0", "plan_group"] != groups.loc["zero3", "plan_group"]
+    assert groups.loc["ddp", "plan_group"] == groups.loc["dp_naive", "plan_group"] != groups.loc["zero3", "plan_group"]
     assert groups.loc["dp_naive", "group_representative"] and not groups.loc["ddp", "group_representative"]
     assert groups.groupby("plan_group")["group_representative"].sum().eq(1).all()
 

@@ -15,8 +15,8 @@ import pytest
 
 from shardlab.bench import cost_grid as cg
 from shardlab.costs.activations import COMPONENTS, PRECISIONS, layer_bytes, measured_per_layer
-from shardlab.costs.memory import FSDP2_RUNGS, ZERO_LADDER, Held, parameter_shapes, predict
-from shardlab.strategies import REGISTRY
+from conftest import rung_states
+from shardlab.costs.memory import Held, parameter_shapes
 
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 # Model states: the only bytes left out are optimizer `step` scalars (4 bytes per stepped tensor, at most
@@ -48,13 +48,13 @@ def activations():
 
 def _states_error(record: dict, padded: bool = True) -> dict[str, float]:
     tensors = record["tensor_shapes"] if padded else None
-    want = predict(record["rung"], record["parameters"], 2, record["dtype"], "adamw", tensors=tensors,
+    want = rung_states(record["rung"], record["parameters"], 2, record["dtype"], "adamw", tensors=tensors,
                    rank=record["rank"] if padded else None)
     return {key: record[key] / getattr(want, key) - 1 for key in STATES}
 
 
 def _ladder(grid: dict) -> list[dict]:
-    return [r for r in grid["records"] if r["rung"] in {**ZERO_LADDER, **FSDP2_RUNGS}]
+    return [r for r in grid["records"] if r["rung"] in set(cg.RUNGS)]
 
 
 def _print_table(title: str, rows: dict[str, list[float]]) -> None:
@@ -112,9 +112,9 @@ def _activation_cases(grid: dict, activations: list[dict]):
     for r in activations:
         yield f"single {r['precision']}", r["shape"], r["rows"], r["activation_by_module"], r["precision"], "none", 1
     for r in grid["records"]:
-        split = REGISTRY[r["rung"]].activation_split
+        plan = cg.grid_plan(r["rung"], r["dtype"], grid["world_size"])
         yield (f"{r['rung']} {r['dtype']}", r["shape"], r["rows"], r["activation_by_module"],
-               cg.run_precision(r["rung"], r["dtype"]), split, 1 if split == "none" else grid["world_size"])
+               plan.activation_precision, plan.activation_split, plan.tp)
 
 
 @pytest.mark.torchrun
@@ -195,6 +195,6 @@ def test_deepspeed_partition_rules_by_hand():
     # Without tensors, predict is the even split; with them, the default rank is the fullest one.
     psi = 77859
     shapes = parameter_shapes(cg.GRID["h48_a3_i81_L3"])
-    assert predict("zero2", psi, 2, "fp32").grad_bytes == 4 * psi / 2
-    assert predict("zero2", psi, 2, "fp32", tensors=shapes) == max(
-        (predict("zero2", psi, 2, "fp32", tensors=shapes, rank=r) for r in (0, 1)), key=lambda m: m.total_bytes)
+    assert rung_states("zero2", psi, 2, "fp32").grad_bytes == 4 * psi / 2
+    assert rung_states("zero2", psi, 2, "fp32", tensors=shapes) == max(
+        (rung_states("zero2", psi, 2, "fp32", tensors=shapes, rank=r) for r in (0, 1)), key=lambda m: m.total_bytes)

@@ -47,8 +47,11 @@ def test_bucketed_interleaved_dp_matches_single_device(run_once, reference_losse
 def test_buckets_pack_consecutive_layers_up_to_the_cap_as_the_plan_does():
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from shardlab.costs.comm_volume import bucketed_data_parallel, pack_buckets
-    from shardlab.costs.shapes import ModelShape, StepShape
+    from shardlab.costs.comm_volume import pack_buckets
+    from shardlab.costs.plan import Workload
+    from shardlab.costs.predict import collectives
+    from shardlab.costs.shapes import ModelShape
+    from shardlab.strategies import get_spec
     from shardlab.strategies.data_parallel.comms import layer_buckets, size_buckets
 
     assert pack_buckets([3, 1, 2, 5, 1], cap=4) == [[0, 1], [2], [3], [4]]
@@ -58,11 +61,12 @@ def test_buckets_pack_consecutive_layers_up_to_the_cap_as_the_plan_does():
         vocab_size=model_cfg["vocab_size"], hidden_size=model_cfg["hidden_size"], num_hidden_layers=model_cfg["num_layers"],
         num_attention_heads=model_cfg["num_heads"], intermediate_size=model_cfg["intermediate_size"]))
     shape = ModelShape.from_dict(model_cfg)
-    step = StepShape.from_training(TEST_EXPERIMENT["training"])
+    spec = get_spec("dp_interleaved")
     for bucket_mb in (None, 0.1, 0.2, 25):
         buckets = size_buckets(model, bucket_mb)
         assert [p for b in buckets for p in b.params] == [p for b in layer_buckets(model) for p in b.params]
-        planned = bucketed_data_parallel(shape, step, 2, bucket_mb)
+        exp = dict(TEST_EXPERIMENT, strategy_options={"dp_interleaved": {} if bucket_mb is None else {"bucket_mb": bucket_mb}})
+        planned = collectives(shape, spec.run_plan(exp, 2), Workload.from_training(exp["training"]))
         assert sum(c.count for c in planned) == len(buckets), bucket_mb
         assert sorted(c.size_bytes for c in planned for _ in range(c.count)) == sorted(
             4 * sum(p.numel() for p in b.params) for b in buckets)

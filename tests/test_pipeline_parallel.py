@@ -86,7 +86,7 @@ def test_bad_pipeline_options_are_rejected(strategy, options, problem):
     exp = deep_merge(TEST_EXPERIMENT, {"strategy_options": {strategy: options}})
     spec = get_spec(strategy)
     with pytest.raises(ConfigError, match=problem) as err:
-        spec.check_options(exp, f"experiments.test.strategy_options.{strategy}", spec.world_size(exp))
+        spec.check(exp, "experiments.test")
     assert err.value.field.startswith(f"experiments.test.strategy_options.{strategy}")
 
 

@@ -22,7 +22,7 @@ from shardlab.errors import ConfigError
 from shardlab.strategies import REGISTRY, strategies_of
 from shardlab.tables import TableInputs
 from shardlab.tables.parity import tolerance
-from shardlab.tables.tensor_parallel import TWIN_GOAL, build, probed_micro_batch
+from shardlab.tables.tensor_parallel import TWIN_GOAL, build
 
 TP_STRATEGIES = ["tp", "tp_sp", "tp_dtensor", "tp_sp_dtensor"]
 WORKER = Path(__file__).with_name("tp_parity_worker.py")
@@ -132,7 +132,7 @@ def test_activation_bytes_per_component_match_formulas(strategy, tp_runs):
             "a": model["num_heads"], "n_layers": model["num_layers"]}
     summary, _ = tp_runs[strategy]
     for rank in summary["ranks"]:
-        rows = comparison_rows(REGISTRY[strategy].activation_split, rank["activation_by_module"], dims,
+        rows = comparison_rows(split_of(strategy), rank["activation_by_module"], dims,
                                t=summary["world_size"])
         for row in rows:
             if row["model_formula_bytes"] == 0:
@@ -220,7 +220,7 @@ def _probe_saw(per_layer: dict[str, float], n_layers: int) -> dict[str, int]:
 
 def _tp_summary(strategy: str, world: int, tokens_per_s: float, exp: dict = TEST_EXPERIMENT) -> dict:
     model, training = exp["model"], exp["training"]
-    split = REGISTRY[strategy].activation_split
+    split = split_of(strategy)
     t = world if split != "none" else 1
     per_layer = this_model_per_layer(training["seq_len"], training["global_batch_size"], model["hidden_size"],
                                      model["num_heads"], t, paper_mode(split),
@@ -230,8 +230,13 @@ def _tp_summary(strategy: str, world: int, tokens_per_s: float, exp: dict = TEST
             "tokens_per_s": tokens_per_s, "step_time_median_s": 1 / tokens_per_s, "ranks": ranks}
 
 
+def split_of(strategy: str) -> str:
+    """How the strategy's Plan splits a layer's activations (costs.plan.Plan.activation_split)."""
+    return REGISTRY[strategy].run_plan(TEST_EXPERIMENT, 2).activation_split
+
+
 def test_every_strategy_names_a_known_activation_split():
-    assert {spec.activation_split for spec in REGISTRY.values()} <= set(SPLITS)
+    assert {split_of(name) for name in REGISTRY} <= set(SPLITS)
     with pytest.raises(ValueError, match="unknown activation split"):
         paper_mode("tp_sideways")
 
@@ -246,12 +251,13 @@ def test_gathered_sequence_parallel_inputs_break_the_papers_qkv_and_mlp_split():
     assert {r["tp"] for r in comparison_rows("none", {}, dims, t=2)} == {1}  # no TP: the degree is 1
 
 
-def test_probed_micro_batch_follows_the_registry_data_parallel_size():
+def test_the_probed_micro_batch_is_the_plans():
+    """What one rank's forward sees: the global batch over the data-parallel ranks, cut by the micro-batch."""
     exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"training": {"micro_batch_size": 2}})
     gbs = TEST_EXPERIMENT["training"]["global_batch_size"]
-    assert probed_micro_batch(TEST_EXPERIMENT, "tp", 2) == gbs  # TP ranks see the whole batch
-    assert probed_micro_batch(TEST_EXPERIMENT, "ddp", 2) == gbs // 2
-    assert probed_micro_batch(exp, "ddp", 2) == 2
+    assert REGISTRY["tp"].run_plan(TEST_EXPERIMENT, 2).micro_batch == gbs  # TP ranks see the whole batch
+    assert REGISTRY["ddp"].run_plan(TEST_EXPERIMENT, 2).micro_batch == gbs // 2
+    assert REGISTRY["ddp"].run_plan(exp, 2).micro_batch == 2
 
 
 def test_activation_table_matches_the_formula_the_probe_followed():
@@ -264,7 +270,7 @@ def test_activation_table_matches_the_formula_the_probe_followed():
     assert (comp["b"] == TEST_EXPERIMENT["training"]["global_batch_size"]).all()
     matched = comp[comp["model_formula_bytes"] > 0]
     assert matched["measured_over_model"].tolist() == pytest.approx([1.0] * len(matched))
-    assert set(comp["activation_split"]) == {REGISTRY[s].activation_split for s in names}
+    assert set(comp["activation_split"]) == {split_of(s) for s in names}
     totals = tables["tp_activation_totals"].set_index(["strategy", "rank"])
     single, tp = totals.loc[("single", 0), "measured_bytes"], totals.loc[("tp", 1), "measured_bytes"]
     assert tp < single  # embedding bytes are outside the layers and not counted
@@ -305,4 +311,4 @@ def test_inference_benchmarks_the_hand_written_tensor_parallel_strategy():
     from shardlab.bench.inference import benchmarked_strategy
 
     spec = REGISTRY[benchmarked_strategy()]
-    assert spec.topic == "tensor_parallel" and spec.twin is not None and spec.activation_split == "tp"
+    assert spec.topic == "tensor_parallel" and spec.twin is not None and split_of(spec.name) == "tp"

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within
+from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within, rung_states
 from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
-from shardlab.costs.memory import predict
 from shardlab.tables.parity import tolerance
 from shardlab.strategies import REGISTRY
-from shardlab.costs.zero_tree import main as plan_zero_main, parse_bytes, plan
+from shardlab.costs.zero_tree import parse_bytes
+from shardlab.strategies.zero.tree import main as plan_zero_main, plan
 
 ZERO_RUNGS = ["zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
 FSDP2 = ["fsdp2_full", "fsdp2_grad_op"]
@@ -62,7 +62,7 @@ def test_rung_matches_single_device(strategy, ladder_runs, reference_losses):
 def test_measured_model_states_match_memory_model(strategy, ladder_runs):
     summary, _, _ = ladder_runs[strategy]
     n_params = summary["model"]["parameters"]
-    want = predict(strategy, n_params, ranks=2, dtype="fp32", optimizer="sgd")
+    want = rung_states(strategy, n_params, ranks=2, dtype="fp32", optimizer="sgd")
     for rank in summary["ranks"]:
         for key in ("param_bytes", "grad_bytes", "optimizer_bytes"):
             predicted = getattr(want, key)
@@ -74,7 +74,7 @@ def test_adamw_state_matches_memory_model(run_strategy):
     """AdamW's two fp32 moments are sharded with the master partition: (4 + 8)Ψ/N per rank at stage 2."""
     summary, _ = run_strategy("zero2", {"training": {"optimizer": "adamw", "lr": 1e-3}})
     assert summary["status"] == "ok", summary["reason"]
-    want = predict("zero2", summary["model"]["parameters"], 2, dtype="fp32", optimizer="adamw")
+    want = rung_states("zero2", summary["model"]["parameters"], 2, dtype="fp32", optimizer="adamw")
     for rank in summary["ranks"]:
         assert rank["optimizer_bytes"] == pytest.approx(want.optimizer_bytes, rel=MEMORY_TOL)
         assert model_states(rank) == pytest.approx(want.total_bytes, rel=MEMORY_TOL)
@@ -91,7 +91,7 @@ def test_model_states_shrink_as_the_stage_rises(ladder_runs):
     assert rank0["zero0"]["optimizer_bytes"] < rank0["zero1"]["optimizer_bytes"]  # the master partition appears
     # AdamW in the model: stage 1 and 2 hold the same at the step (DeepSpeed partitions gradients at the
     # boundary from stage 1 on); they differ in the gradient peak during backward.
-    adamw = [predict(s, 1e6, 2, "fp32", "adamw").total_bytes for s in ZERO_RUNGS[:4]]
+    adamw = [rung_states(s, 1e6, 2, "fp32", "adamw").total_bytes for s in ZERO_RUNGS[:4]]
     assert adamw[0] > adamw[1] == adamw[2] > adamw[3]
     full = ladder_runs["zero0"][0]["ranks"][0]["param_bytes"]
     for sharded in ("zero3", "fsdp2_full", "fsdp2_grad_op"):
@@ -144,7 +144,7 @@ GB = 1e9
     ("zero3", 8, 1.725, 1.725, 10.35),       # 16Ψ/8 = 13.8 GB
 ])
 def test_memory_model_pythia_bf16(rung, ranks, params_gb, grads_gb, optimizer_gb):
-    got = predict(rung, PYTHIA, ranks, dtype="bf16", optimizer="adamw")
+    got = rung_states(rung, PYTHIA, ranks, dtype="bf16", optimizer="adamw")
     assert got.param_bytes / GB == pytest.approx(params_gb)
     assert got.grad_bytes / GB == pytest.approx(grads_gb)
     assert got.optimizer_bytes / GB == pytest.approx(optimizer_gb)
@@ -152,19 +152,19 @@ def test_memory_model_pythia_bf16(rung, ranks, params_gb, grads_gb, optimizer_gb
 
 def test_memory_model_zero1_holds_the_full_gradient_during_backward():
     # The ZeRO paper's ZeRO-1 figure, 4Ψ + 12Ψ/N, is the backward-time peak (full bf16 gradient).
-    got = predict("zero1", PYTHIA, 8, dtype="bf16", optimizer="adamw")
+    got = rung_states("zero1", PYTHIA, 8, dtype="bf16", optimizer="adamw")
     assert (got.param_bytes + got.grad_peak_bytes - got.grad_bytes + got.optimizer_bytes) / GB == pytest.approx(4 * 6.9 + 12 * 6.9 / 8)
 
 
 def test_memory_model_fp32_split_and_offload():
     psi = 1e6
-    zero0 = predict("zero0", psi, 2, dtype="fp32", optimizer="adamw")
+    zero0 = rung_states("zero0", psi, 2, dtype="fp32", optimizer="adamw")
     assert (zero0.param_bytes, zero0.grad_bytes, zero0.optimizer_bytes) == (4e6, 4e6, 8e6)  # 4 + 4 + 8
-    zero2 = predict("zero2", psi, 2, dtype="fp32", optimizer="adamw")
+    zero2 = rung_states("zero2", psi, 2, dtype="fp32", optimizer="adamw")
     assert zero2.optimizer_bytes == (4 + 8) * psi / 2  # DeepSpeed's fp32 master partition + moments
-    fsdp = predict("fsdp2_full", psi, 4, dtype="bf16", optimizer="adamw")
+    fsdp = rung_states("fsdp2_full", psi, 4, dtype="bf16", optimizer="adamw")
     assert fsdp.total_bytes == 16 * psi / 4 and fsdp.param_bytes == 4 * psi / 4  # fp32 shards, no master
-    offload = predict("zero3_offload", psi, 2, dtype="bf16", optimizer="adamw")
+    offload = rung_states("zero3_offload", psi, 2, dtype="bf16", optimizer="adamw")
     assert offload.offloaded_bytes == offload.param_bytes + offload.optimizer_bytes + offload.grad_bytes
 
 
@@ -220,7 +220,7 @@ def test_tree_check_flags_disagreement():
     from shardlab.tables.zero import build
 
     exp = {"name": "gpu", "strategies": ["zero0", "zero3", "zero2_offload"], "model": {"name": "pythia-6.9b", "source": "hub"},
-           "training": {"dtype": "bf16", "optimizer": "adamw"}}
+           "training": {"dtype": "bf16", "optimizer": "adamw", "global_batch_size": 2, "seq_len": 8}}
     shape = {"vocab_size": 50432, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
              "intermediate_size": 16384}
     rank = {"rank": 0, "param_bytes": 1, "grad_bytes": 1, "optimizer_bytes": 1, "device_memory_bytes": 80e9}
@@ -242,15 +242,15 @@ def test_tree_check_flags_disagreement():
 def test_a_device_memory_budget_makes_the_tree_check_one_that_can_fail(zero3_held, consistent):
     """On a CPU nothing runs out of memory: with a budget, each rung's measured device-resident model
     states are the truth. A model that put zero3 under the budget while the run held more fails."""
-    from shardlab.costs.memory import predict
     from shardlab.costs.shapes import ModelShape
     from shardlab.tables import TableInputs
     from shardlab.tables.zero import build
 
     shape = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
              "intermediate_size": 256}
-    n, training = ModelShape.from_dict(shape).parameters(), {"dtype": "fp32", "optimizer": "adamw"}
-    states = {s: predict(s, n, 2, **training) for s in ("zero0", "zero3", "zero3_offload")}
+    n = ModelShape.from_dict(shape).parameters()
+    states = {s: rung_states(s, n, 2, dtype="fp32", optimizer="adamw") for s in ("zero0", "zero3", "zero3_offload")}
+    training = {"dtype": "fp32", "optimizer": "adamw", "global_batch_size": 2, "seq_len": 8}
     budget = states["zero3"].total_bytes / 0.75 * 1.1  # usable share: zero3 fits with 10 % to spare, zero0 not
     exp = {"name": "cpu", "strategies": list(states), "model": {"name": "m", "source": "hub"}, "training": training,
            "launch": {"device_memory_budget_bytes": budget}}

@@ -94,9 +94,9 @@ def check_placement(exp: dict, strategy: str, where: str) -> None:
     world = spec.world_size(exp)
     field = f"{where}.strategy_options.{strategy}.world_size" if "world_size" in spec.options(exp) else f"{where}.launch.nodes"
     nodes, per_node = run_layout(exp["launch"], world, field)
-    if spec.family != "tensor parallel" or nodes == 1 or exp["launch"].get("allow_tp_across_nodes"):
+    tp = spec.plan_fields(int(world), spec.options(exp)).get("tp", 1) if world != "auto" else 1
+    if tp == 1 or nodes == 1 or exp["launch"].get("allow_tp_across_nodes"):
         return
-    tp = int(world) // spec.data_parallel_size(int(world), spec.options(exp))
     if tp > per_node:
         raise ConfigError(f"{where}.launch.nodes",
                           f"'{strategy}' would put its tensor-parallel group of {tp} ranks across {nodes} nodes of "

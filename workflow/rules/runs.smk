@@ -14,6 +14,7 @@ RUNS_TABLES = table_files(
     "ranks",
     "activations",
     "parity",
+    "parity_rule",
     "environments",
     "experiments",
     *(["parity_sensitivity"] if SENSITIVITY else []),

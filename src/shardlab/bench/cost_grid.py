@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from shardlab.costs.activations import PRECISIONS
-from shardlab.costs.memory import FSDP2_RUNGS, ZERO_LADDER
+from shardlab.strategies import REGISTRY, Family
+from shardlab.costs.plan import Plan
 from shardlab.costs.shapes import ModelShape
 
 # Shapes chosen to break what the default shape hides: intermediate != 4h (below and above), head counts
@@ -37,7 +38,7 @@ GRID = {
     "h40_a5_i224_L2": ModelShape(257, 40, 2, 5, 224),  # intermediate 5.6h, 5 heads
 }
 DTYPES = ("fp32", "bf16")
-RUNGS = [*ZERO_LADDER, *FSDP2_RUNGS]
+RUNGS = [name for name, spec in REGISTRY.items() if spec.family == Family.ZERO]
 # Hand-written TP (heads, MLP width and vocabulary must divide by the world size: of this grid, the
 # default shape). tp_sp fails in bf16 (its sequence-parallel
 # backward multiplies an autocast bf16 gradient by the fp32 weight), so it is measured in fp32 only.
@@ -125,14 +126,11 @@ def grid_points(world: int) -> list[tuple[str, ModelShape, str]]:
     return points + tp
 
 
-def run_precision(strategy: str, dtype: str) -> str:
-    """How a run of `strategy` stores bf16 values (a key of costs.activations.PRECISIONS): DeepSpeed and
-    FSDP2 (the ZeRO ladder) cast the module to bf16, the other strategies use torch.autocast."""
-    from shardlab.strategies import REGISTRY
-
-    if dtype == "fp32":
-        return "fp32"
-    return "bf16_cast" if REGISTRY[strategy].zero is not None else "bf16_autocast"
+def grid_plan(strategy: str, dtype: str, world: int) -> Plan:
+    """The Plan of a grid point (how its activations split and are stored: DeepSpeed and FSDP2 cast
+    the module to bf16, plain PyTorch strategies use torch.autocast)."""
+    exp = {"training": training(dtype, world), "strategy_options": {}}
+    return REGISTRY[strategy].run_plan(exp, 1 if REGISTRY[strategy].single_process else world)
 
 
 def tp_divides(shape: ModelShape, t: int) -> bool:

@@ -37,7 +37,8 @@ def benchmarked_strategy() -> str:
     """The hand-written tensor-parallel strategy without sequence parallelism, from the registry."""
     from shardlab.strategies import REGISTRY
 
-    return next(name for name, spec in REGISTRY.items() if spec.twin and spec.activation_split == "tp")
+    return next(name for name, spec in REGISTRY.items()
+                if spec.twin and spec.plan_fields(2, {}).get("tp") == 2 and not spec.plan_fields(2, {}).get("sp"))
 
 
 def prompt_ids(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) -> torch.Tensor:

@@ -127,6 +127,10 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
 def _attention_saved(s: int, b: int, h: int, a: int, v: int, attention: str, dropout: bool,
                      mask_bytes: int, kv_width: float) -> float:
     """What the attention core saves beyond Q, K, V."""
+    if attention == "ring":
+        # A hand-written blockwise kernel saves its own Q, K, V (after rotary), the output and a float32
+        # logsumexp per (head, token); no view of a fused QKV output stays alive.
+        return v * s * b * h + 4 * a * s * b
     if attention == "sdpa":
         # V is a view of the fused QKV output (kept whole); rotary makes new Q and K; the output and a
         # float32 logsumexp per (head, token).
@@ -153,7 +157,7 @@ class _Splitter:
 
 def _check(split: str, residual: str, attention: str, recompute: str, mlp: str) -> None:
     for name, value, known in [("split", split, SPLITS), ("residual", residual, ("parallel", "sequential")),
-                               ("attention", attention, ("sdpa", "eager")), ("recompute", recompute, RECOMPUTE),
+                               ("attention", attention, ("sdpa", "eager", "ring")), ("recompute", recompute, RECOMPUTE),
                                ("mlp", mlp, ("gelu", "swiglu"))]:
         if value not in known:
             raise ValueError(f"unknown {name} {value!r} (known: {', '.join(known)})")

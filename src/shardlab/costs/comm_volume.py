@@ -1,48 +1,46 @@
-"""The communication each strategy must do per optimizer step, from the model and training shape.
+"""The communication of a plan (`costs.plan.Plan`): which collectives one rank issues, how large,
+how often, over how many ranks. The one home of these formulas: the run tables count bytes with
+them, the step-time model (`costs.step_time`) turns the same calls into seconds.
 
-A plan is a list of `Call`s: a collective, its message size in nccl-tests' convention (the whole
-buffer: see `collectives`), how many times the busiest rank issues it per step, and over how
-many ranks. `bus_bytes` = size x bus_factor is what each rank's link carries (ring algorithms),
-so the per-rank volume of a step is the sum of the calls' bus bytes, and the alpha-beta model
-turns the same plan into seconds.
+A call's size follows nccl-tests' convention (the whole buffer: see `collectives`); `bus_bytes` =
+size x bus factor is what each rank's link carries (ring algorithms).
 
-Counted: the traffic of the technique (gradient/parameter collectives, activations crossing
-TP/SP/PP/CP/EP boundaries). Not counted: scalar all-reduces (loss, norms), the step-time
-all-reduce, TP's one-off gathers at the embedding and head, and anything an implementation adds
-beyond the textbook algorithm. Gradients and parameters travel in fp32 (fp32 master weights;
-bf16 means autocast here), activations in the compute dtype.
-
-Each strategy's registry entry names its plan (`StrategySpec.comm_plan`); this module knows no
-strategy names.
+Counted: the traffic of each technique of the plan, composed on one mesh (tensor innermost, then
+context, data, pipeline):
+- per micro-batch, per layer of the rank's pipeline stage: TP's four all-reduces (SP: all-gather +
+  reduce-scatter in their place; a recomputed forward repeats its two), ring attention's K/V hops,
+  expert dispatch and combine;
+- per micro-batch: the pipeline's activation and gradient transfers, one of each per model chunk;
+  ZeRO-2/3's gradient reduce-scatter (FSDP2 and ZeRO-3 also gather the parameters: once for forward,
+  ZeRO-3 and FSDP2's full resharding again for backward);
+- per step: the gradient reduction over the ranks that replicate a parameter (data x context
+  parallel; experts over the data x context ranks that hold the same experts): an all-reduce
+  (replicas, ZeRO-0; bucketed by hand when the plan says so), a reduce-scatter (ZeRO-1), and the
+  updated parameters all-gathered (ZeRO-1/2).
+Not counted: scalar all-reduces (loss, norms), TP's one-off gathers at the embedding and head, and
+anything an implementation adds beyond the textbook algorithm.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardlab.costs.collectives import bus_factor
-from shardlab.costs.shapes import ModelShape, StepShape, pipeline_rank_parameters
+from shardlab.costs.plan import Plan, Workload, micro_batches
+from shardlab.costs.rank_memory import rank_layers, rank_parameters
+from shardlab.costs.shapes import ModelShape
 
-GRAD_BYTES = PARAM_BYTES = 4  # fp32 master weights and gradients in every strategy of this project
-
-# Collectives one transformer layer issues per micro-batch, forward + backward: the counts of the
-# per-run plans below and of the planner's step time (costs.step_time) alike.
 TP_COLLECTIVES_PER_LAYER = 4  # after attention and after the MLP (all-reduce, or all-gather + reduce-scatter), fwd and bwd
 TP_COLLECTIVES_PER_RECOMPUTE = 2  # a recomputed forward repeats its two
 CP_RING_PASSES_PER_LAYER = 3  # K/V around the ring in forward; K/V and their gradients in backward
 EP_ALL_TO_ALLS_PER_LAYER = 4  # dispatch and combine, forward and backward
 
 
-def kv_message(tokens: float, kv_width: float, value_bytes: float) -> float:
-    """Bytes of one ring-attention hop: the K and V of a rank's tokens."""
-    return 2 * tokens * kv_width * value_bytes
-
-
 @dataclass(frozen=True)
 class Call:
     collective: str
     size_bytes: float  # nccl-tests convention
-    count: int  # per step, as issued by the busiest rank
+    count: int  # per step (or per micro-batch, in `micro_batch_calls`), as issued by the busiest rank
     group_size: int
     purpose: str
 
@@ -51,10 +49,95 @@ class Call:
         return self.count * self.size_bytes * bus_factor(self.collective, self.group_size) if self.group_size > 1 else 0.0
 
 
-# --- one function per technique -----------------------------------------------------------------
-def data_parallel(model: ModelShape, step: StepShape, dp: int) -> list[Call]:
-    """DP naive, DDP, ZeRO-0: one all-reduce of every gradient per step (DDP's buckets sum to it)."""
-    return [Call("all_reduce", model.parameters() * GRAD_BYTES, 1, dp, "gradient all-reduce")]
+def gradient_bytes(plan: Plan) -> int:
+    """Bytes a gradient value travels in: DeepSpeed's bf16 reduces bf16 gradients; replicas under
+    autocast, FSDP2 (as this project configures it) and Megatron's main gradients are fp32."""
+    return 2 if plan.dtype != "fp32" and plan.framework == "deepspeed" else 4
+
+
+def parameter_bytes(plan: Plan) -> int:
+    """Bytes a gathered parameter travels in: the compute dtype, except FSDP2's fp32 shards."""
+    return 4 if plan.dtype == "fp32" or plan.framework == "fsdp2" else 2
+
+
+def activation_message(model: ModelShape, plan: Plan, workload: Workload) -> float:
+    """Bytes of one micro-batch's hidden states on one rank (its context shard, whole over TP)."""
+    return plan.micro_batch * workload.seq_len / plan.cp * model.hidden_size * plan.value_bytes
+
+
+def kv_message(model: ModelShape, plan: Plan, workload: Workload) -> float:
+    """Bytes of one ring-attention hop: the K and V of a rank's tokens and heads."""
+    tokens = plan.micro_batch * workload.seq_len / plan.cp
+    return 2 * tokens * model.kv_width / plan.tp * plan.value_bytes
+
+
+def tp_calls(model: ModelShape, plan: Plan, workload: Workload, layers: int) -> list[Call]:
+    """TP's collectives of `layers` layers for one micro-batch: four all-reduces a layer (SP: an
+    all-gather and a reduce-scatter in place of each), two more for a recomputed forward."""
+    if plan.tp == 1:
+        return []
+    act = activation_message(model, plan, workload)
+    n = TP_COLLECTIVES_PER_LAYER // 2 * layers
+    again = TP_COLLECTIVES_PER_RECOMPUTE * layers if plan.recompute == "full" else 0
+    if plan.sp:
+        return [Call(c, act, count, plan.tp, f"SP {when} {c.replace('_', '-')}")
+                for when, count in (("forward", n), ("backward", n), ("recomputed", again))
+                for c in ("all_gather", "reduce_scatter")]
+    return [Call("all_reduce", act, count, plan.tp, f"TP {when} all-reduce")
+            for when, count in (("forward", n), ("backward", n), ("recomputed", again))]
+
+
+def cp_calls(model: ModelShape, plan: Plan, workload: Workload, layers: int) -> list[Call]:
+    """Ring attention's K/V hops of `layers` layers for one micro-batch: cp - 1 a layer in forward,
+    twice as many in backward (K/V and their gradients)."""
+    if plan.cp == 1:
+        return []
+    hops, kv = (plan.cp - 1) * layers, kv_message(model, plan, workload)
+    return [Call("sendrecv", kv, hops, plan.cp, "CP K/V ring (forward)"),
+            Call("sendrecv", kv, (CP_RING_PASSES_PER_LAYER - 1) * hops, plan.cp, "CP K/V and dK/dV ring (backward)")]
+
+
+def ep_calls(model: ModelShape, plan: Plan, workload: Workload, layers: int) -> list[Call]:
+    """Expert dispatch and combine of `layers` layers for one micro-batch, forward and backward: each
+    token's top_k copies (under SP, of the rank's sequence shard)."""
+    if plan.ep == 1 or not model.num_experts:
+        return []
+    routed = activation_message(model, plan, workload) * model.top_k / (plan.tp if plan.sp else 1)
+    n = EP_ALL_TO_ALLS_PER_LAYER // 2 * layers
+    return [Call("all_to_all", routed, n, plan.ep, f"EP dispatch + combine ({when})") for when in ("forward", "backward")]
+
+
+def pipeline_calls(model: ModelShape, plan: Plan, workload: Workload) -> list[Call]:
+    """Per micro-batch, each of a rank's model chunks receives (or sends) one activation forward and
+    one gradient backward; each TP rank moves its 1/tp slice (Narayanan et al. 2021's scatter/gather,
+    under SP the slice is what the rank holds)."""
+    if plan.pp == 1:
+        return []
+    msg = activation_message(model, plan, workload) / plan.tp
+    return [Call("sendrecv", msg, plan.virtual_stages, plan.pp, "PP activation (forward)"),
+            Call("sendrecv", msg, plan.virtual_stages, plan.pp, "PP activation gradient (backward)")]
+
+
+def sharded_calls(plan: Plan, params: float, group: int, which: str) -> list[Call]:
+    """The sharded-data-parallel collectives over `group` ranks of `params` parameters: `which` is
+    "micro" (per micro-batch: ZeRO-2/3 and FSDP2) or "step" (once per step)."""
+    if group < 2 or not params:
+        return []
+    grad, weight = params * gradient_bytes(plan), params * parameter_bytes(plan)
+    per_micro = plan.zero >= 2
+    gathers = 2 if plan.zero == 3 else 1 if plan.framework == "fsdp2" else 0  # FSDP2 always reshards at rest
+    if which == "micro":
+        if not per_micro:
+            return []
+        return [*([Call("all_gather", weight, gathers, group, "parameter all-gather "
+                        + ("(forward, backward)" if gathers == 2 else "(forward)"))] if gathers else []),
+                Call("reduce_scatter", grad, 1, group, "gradient reduce-scatter")]
+    if plan.zero == 0:
+        return all_reduce_calls(plan, params, group)
+    calls = [] if per_micro else [Call("reduce_scatter", grad, 1, group, "gradient reduce-scatter")]
+    if not gathers and plan.zero in (1, 2):
+        calls.append(Call("all_gather", weight, 1, group, "parameter all-gather"))
+    return calls
 
 
 def gradient_groups(model: ModelShape) -> list[int]:
@@ -76,101 +159,55 @@ def pack_buckets(sizes: list[int], cap: float | None) -> list[list[int]]:
     return buckets
 
 
-def bucketed_data_parallel(model: ModelShape, step: StepShape, dp: int, bucket_mb: float | None) -> list[Call]:
-    """Interleaved DP: one all-reduce per gradient bucket (per layer, or layers packed up to `bucket_mb`
-    MiB): the same bytes as one all-reduce, but one latency per bucket."""
-    sizes = [n * GRAD_BYTES for n in gradient_groups(model)]
-    buckets = [sum(sizes[i] for i in b) for b in pack_buckets(sizes, None if bucket_mb is None else bucket_mb * 2**20)]
-    return [Call("all_reduce", size, buckets.count(size), dp, "gradient all-reduce, one per bucket")
-            for size in dict.fromkeys(buckets)]
+def all_reduce_calls(plan: Plan, params: float, group: int, model: ModelShape | None = None) -> list[Call]:
+    """One all-reduce of every gradient (DDP's buckets sum to it), or, with `grad_bucket_mb` and the
+    whole model on the rank, one per bucket of layers (0: one per layer group): the same bytes, one
+    latency per bucket."""
+    size = gradient_bytes(plan)
+    if plan.grad_bucket_mb is None or model is None:
+        return [Call("all_reduce", params * size, 1, group, "gradient all-reduce")]
+    sizes = [n * size for n in gradient_groups(model)]
+    buckets = [sum(sizes[i] for i in b) for b in pack_buckets(sizes, plan.grad_bucket_mb * 2**20 or None)]
+    return [Call("all_reduce", b, buckets.count(b), group, "gradient all-reduce, one per bucket")
+            for b in dict.fromkeys(buckets)]
 
 
-def zero_sharded_optimizer(model: ModelShape, step: StepShape, dp: int) -> list[Call]:
-    """ZeRO-1/2 (FSDP2 without resharding after forward): reduce-scatter gradients, all-gather updated params."""
-    p = model.parameters()
-    return [Call("reduce_scatter", p * GRAD_BYTES, 1, dp, "gradient reduce-scatter"),
-            Call("all_gather", p * PARAM_BYTES, 1, dp, "parameter all-gather")]
+def busiest_stage(model: ModelShape, plan: Plan) -> int:
+    """The pipeline rank holding the most parameters (ties: the first)."""
+    return max(range(plan.pp), key=lambda r: sum(rank_parameters(model, plan, r)))
 
 
-def zero_sharded_parameters(model: ModelShape, step: StepShape, dp: int) -> list[Call]:
-    """ZeRO-3 / FSDP2 full: parameters gathered for forward AND again for backward: ~1.5x DP's volume."""
-    p = model.parameters()
-    return [Call("all_gather", p * PARAM_BYTES, 2, dp, "parameter all-gather (forward, backward)"),
-            Call("reduce_scatter", p * GRAD_BYTES, 1, dp, "gradient reduce-scatter")]
+def micro_batch_calls(model: ModelShape, plan: Plan, workload: Workload, stage: int) -> list[Call]:
+    """Everything pipeline rank `stage` issues per micro-batch."""
+    dense, experts = rank_parameters(model, plan, stage)
+    layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[stage]
+    return [*tp_calls(model, plan, workload, layers), *cp_calls(model, plan, workload, layers),
+            *ep_calls(model, plan, workload, layers), *pipeline_calls(model, plan, workload),
+            *sharded_calls(plan, dense, plan.dp * plan.cp, "micro"),
+            *sharded_calls(plan, experts, plan.dp * plan.cp // plan.ep, "micro")]
 
 
-def _activation_bytes(step: StepShape, dp: int, seq_len: int | None = None) -> tuple[float, int]:
-    rows, n_micro = step.micro_batches(dp)
-    return rows * (seq_len or step.seq_len) * step.activation_bytes, n_micro
+def step_sync_calls(model: ModelShape, plan: Plan, stage: int) -> list[Call]:
+    """The once-per-step gradient reduction (and ZeRO-1/2 parameter gather) of pipeline rank `stage`."""
+    dense, experts = rank_parameters(model, plan, stage)
+    group = plan.dp * plan.cp
+    whole = model if plan.tp == plan.pp == plan.ep == 1 and not model.num_experts else None
+    if plan.zero == 0 and group > 1:
+        calls = all_reduce_calls(plan, dense, group, whole)
+    else:
+        calls = sharded_calls(plan, dense, group, "step")
+    calls += sharded_calls(plan, experts, group // plan.ep, "step")
+    return calls
 
 
-def tensor_parallel(model: ModelShape, step: StepShape, tp: int, dp: int = 1) -> list[Call]:
-    """Megatron TP: per layer, all-reduce after attention and after the MLP (forward) and of the
-    input gradients of both column-parallel blocks (backward): 4 all-reduces of b*s*h elements."""
-    per_row, n_micro = _activation_bytes(step, dp)
-    size, half = per_row * model.hidden_size, TP_COLLECTIVES_PER_LAYER // 2
-    return [Call("all_reduce", size, half * model.num_layers * n_micro, tp, "TP forward all-reduce"),
-            Call("all_reduce", size, half * model.num_layers * n_micro, tp, "TP backward all-reduce")]
-
-
-def sequence_parallel(model: ModelShape, step: StepShape, tp: int, dp: int = 1) -> list[Call]:
-    """TP + SP: each TP all-reduce becomes an all-gather (into the block) + a reduce-scatter (out of it):
-    the same bus bytes, but LayerNorm/residual activations stay sharded along the sequence."""
-    per_row, n_micro = _activation_bytes(step, dp)
-    size = per_row * model.hidden_size
-    n = TP_COLLECTIVES_PER_LAYER // 2 * model.num_layers * n_micro  # two blocks per layer
-    return [Call("all_gather", size, n, tp, "SP forward all-gather"),
-            Call("reduce_scatter", size, n, tp, "SP forward reduce-scatter"),
-            Call("all_gather", size, n, tp, "SP backward all-gather"),
-            Call("reduce_scatter", size, n, tp, "SP backward reduce-scatter")]
-
-
-def pipeline_parallel(model: ModelShape, step: StepShape, pp: int, n_micro: int | None) -> list[Call]:
-    """PP: each micro-batch's activation goes forward and its gradient backward across every stage
-    boundary. The busiest rank (a middle stage; with 2 stages each rank) takes part in
-    2 transfers per micro-batch per adjacent boundary."""
-    n_micro = n_micro or pp
-    rows = max(1, step.global_batch // n_micro)
-    size = rows * step.seq_len * model.hidden_size * step.activation_bytes
-    boundaries = min(2, pp - 1)
-    return [Call("sendrecv", size, n_micro * boundaries, pp, "PP activation (forward)"),
-            Call("sendrecv", size, n_micro * boundaries, pp, "PP activation gradient (backward)")]
-
-
-def context_parallel(model: ModelShape, step: StepShape, cp: int) -> list[Call]:
-    """Ring attention: per layer, K and V chunks (2*b*(s/cp)*h) pass cp-1 times around the ring in
-    forward; backward passes K/V and their gradients again. Parameters are replicated over the
-    ring, so gradients are all-reduced as in DP."""
-    rows, n_micro = step.micro_batches(1)
-    kv = kv_message(rows * step.seq_len // cp, model.kv_width, step.activation_bytes)
-    hops = (cp - 1) * model.num_layers * n_micro
-    backward = CP_RING_PASSES_PER_LAYER - 1
-    return [Call("sendrecv", kv, hops, cp, "CP K/V ring (forward)"),
-            Call("sendrecv", kv, backward * hops, cp, "CP K/V and dK/dV ring (backward)"),
-            *data_parallel(model, step, cp)]
-
-
-def expert_parallel(model: ModelShape, step: StepShape, ep: int, top_k: int) -> list[Call]:
-    """MoE with one expert group per rank: per layer, all-to-all dispatch and combine of each routed
-    token (forward) and of their gradients (backward); the dense (non-expert) parameters are
-    replicated and their gradients all-reduced."""
-    per_row, n_micro = _activation_bytes(step, ep)
-    size, half = per_row * model.hidden_size * top_k, EP_ALL_TO_ALLS_PER_LAYER // 2
-    dense = model.parameters() - model.num_layers * model.mlp_parameters()
-    return [Call("all_to_all", size, half * model.num_layers * n_micro, ep, "EP dispatch + combine (forward)"),
-            Call("all_to_all", size, half * model.num_layers * n_micro, ep, "EP dispatch + combine (backward)"),
-            Call("all_reduce", dense * GRAD_BYTES, 1, ep, "dense-parameter gradient all-reduce")]
-
-
-def hybrid_data_pipeline(model: ModelShape, step: StepShape, dp: int, pp: int, n_micro: int) -> list[Call]:
-    """dp replicas of a pp-stage pipeline: each replica pipelines its 1/dp of the batch, then every
-    stage all-reduces its gradients over its dp peers (the busiest rank: the largest stage)."""
-    replica = StepShape(step.global_batch // dp, step.seq_len, step.micro_batch, step.activation_bytes)
-    stage = max(pipeline_rank_parameters(model, pp))
-    return [*pipeline_parallel(model, replica, pp, n_micro),
-            Call("all_reduce", stage * GRAD_BYTES, 1, dp, "stage gradient all-reduce over dp")]
+def step_calls(model: ModelShape, plan: Plan, workload: Workload) -> list[Call]:
+    """The collectives the busiest rank issues in one optimizer step of `plan`."""
+    stage = busiest_stage(model, plan)
+    m = micro_batches(plan, workload)
+    per_micro = [replace(c, count=c.count * m) for c in micro_batch_calls(model, plan, workload, stage)]
+    return [c for c in [*per_micro, *step_sync_calls(model, plan, stage)] if c.count and c.group_size > 1]
 
 
 def bytes_per_rank(plan: list[Call] | None) -> float | None:
-    """Bytes each rank's link carries per step (the plan's bus bytes)."""
+    """Bytes each rank's link carries per step (the calls' bus bytes)."""
     return None if plan is None else float(sum(call.bus_bytes for call in plan))

@@ -53,19 +53,13 @@ class ZeroRung:
     offload_param: bool = False
     framework: str = "deepspeed"  # or "fsdp2": fp32 shards, no master copy; or "megatron" (planner only)
 
+    @classmethod
+    def of(cls, zero: int, offload: str = "none", framework: str = "deepspeed") -> ZeroRung:
+        """The rung of a Plan's fields (costs.plan.Plan: zero, offload, framework)."""
+        return cls(zero, offload_optimizer=offload != "none", offload_param=offload == "optimizer+params",
+                   framework=framework)
 
-# The ZeRO ladder, the one definition of each rung (the registry's zero specs and the DeepSpeed
-# settings derive from it), in the decision tree's order: least communication first.
-ZERO_LADDER: dict[str, ZeroRung] = {
-    "zero0": ZeroRung(0),
-    "zero1": ZeroRung(1),
-    "zero2": ZeroRung(2),
-    "zero3": ZeroRung(3),
-    "zero2_offload": ZeroRung(2, offload_optimizer=True),
-    "zero3_offload": ZeroRung(3, offload_optimizer=True, offload_param=True),
-}
-FSDP2_RUNGS: dict[str, ZeroRung] = {"fsdp2_grad_op": ZeroRung(3, framework="fsdp2"),
-                                    "fsdp2_full": ZeroRung(3, framework="fsdp2")}
+
 MOMENT_BYTES = {"adamw": 8, "sgd": 0}  # fp32 state per parameter (SGD without momentum keeps none)
 DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce bucket, in elements
 
@@ -100,19 +94,16 @@ def unsharded(n_params: float, dtype: str = "fp32", optimizer: str = "adamw") ->
     return ModelStates(4 * psi, 4 * psi, MOMENT_BYTES[optimizer] * psi, 4 * psi, 0.0)
 
 
-def predict(rung: str | ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
+def predict(rung: ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
             bucket_elements: float = DEFAULT_BUCKET, tensors: Sequence[Sequence[int]] | None = None,
             rank: int | None = None) -> ModelStates:
-    """Per-rank model-state bytes of a ZeRO `rung` (a name of ZERO_LADDER / FSDP2_RUNGS or its facts)
-    for a model of `n_params` on `ranks` data-parallel ranks.
+    """Per-rank model-state bytes of a ZeRO `rung` for a model of `n_params` on `ranks` data-parallel ranks.
 
     `tensors`: the parameter tensors' shapes in the model's parameter order, for DeepSpeed's padding and
     partition boundaries and FSDP2's row chunks (then `n_params` is their total); `rank`: which rank
     (default: the one holding the most). Without `tensors`, the even split. At scale the boundary
     term matters: with partitions smaller than a weight matrix (e.g. 405B on 1,024 ranks), stages
     1-2 hold whole gradients of one or two matrices per rank, several times the even share."""
-    if isinstance(rung, str):
-        rung = {**ZERO_LADDER, **FSDP2_RUNGS}[rung]
     held = Held.even(n_params, ranks) if tensors is None else _held(tuple(map(tuple, tensors)), ranks, rank)
     stage, off_opt, framework = rung.stage, rung.offload_optimizer, rung.framework
     psi, moments = float(n_params), MOMENT_BYTES[optimizer]
@@ -149,7 +140,8 @@ def predict(rung: str | ZeroRung, n_params: float, ranks: int, dtype: str = "bf1
         kept = grad_bytes if stage == 3 else 0.0
         grad_peak += 4 * state - (grad_bytes - kept)
         grad_bytes = 4 * state + kept
-    return ModelStates(param_bytes, grad_bytes, opt, grad_peak, host_bytes(rung, param_bytes, grad_bytes, opt))
+    offload = "optimizer+params" if rung.offload_param else "optimizer" if off_opt else "none"
+    return ModelStates(param_bytes, grad_bytes, opt, grad_peak, host_bytes(offload, param_bytes, grad_bytes, opt))
 
 
 @dataclass(frozen=True)
@@ -226,9 +218,10 @@ def parameter_shapes(model) -> list[tuple[int, ...]]:
     return [(v, h), *layer * model.num_layers, (h,), *head]
 
 
-def host_bytes(rung: ZeroRung, param_bytes: float, grad_bytes: float, optimizer_bytes: float) -> float:
-    """The part of a rank's model states that an offloading rung keeps in host memory: the optimizer
-    state and the gradient partition(s) the CPU optimizer steps on (optimizer offload), the parameter
-    partition (parameter offload). One rule for predicted and measured bytes alike."""
-    host = (optimizer_bytes + grad_bytes) if rung.offload_optimizer else 0.0
-    return host + (param_bytes if rung.offload_param else 0.0)
+def host_bytes(offload: str, param_bytes: float, grad_bytes: float, optimizer_bytes: float) -> float:
+    """The part of a rank's model states that an offloading plan (`offload`: a Plan's "none",
+    "optimizer" or "optimizer+params") keeps in host memory: the optimizer state and the gradient
+    partition(s) the CPU optimizer steps on, and the parameter partition. One rule for predicted and
+    measured bytes alike."""
+    host = (optimizer_bytes + grad_bytes) if offload != "none" else 0.0
+    return host + (param_bytes if offload == "optimizer+params" else 0.0)

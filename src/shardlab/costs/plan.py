@@ -28,7 +28,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 FRAMEWORKS = ("deepspeed", "fsdp2", "megatron", "torch")  # torch: plain replicas (DDP, hand-written TP/PP/CP/EP)
-ATTENTION = ("flash", "eager")
+ATTENTION = ("flash", "eager", "ring")  # ring: a hand-written blockwise kernel (q, k, v, output, logsumexp)
 DTYPES = ("bf16", "fp16", "fp32")
 
 
@@ -51,6 +51,11 @@ class Plan:
     dtype: str = "bf16"
     attention: str = "flash"
     optimizer: str = "adamw"
+    # Implementation facts the cost model must know of a run (the registry sets them; the planner's
+    # search leaves them at their defaults):
+    grad_bucket_mb: float | None = None  # replicas all-reducing gradients per bucket (0: one per layer); None: once
+    whole_embedding_grad: bool = False  # TP that keeps the vocabulary-split embedding's gradient whole (DTensor)
+    vocab_parallel_loss: bool = True  # False: TP gathers the logits for a plain cross-entropy (whole on every rank)
 
     @property
     def world(self) -> int:
@@ -59,6 +64,29 @@ class Plan:
     @property
     def value_bytes(self) -> int:
         return 4 if self.dtype == "fp32" else 2
+
+    @property
+    def activation_split(self) -> str:
+        """How TP splits a layer's activations (a key of costs.activations.SPLITS)."""
+        if self.sp:
+            return "tp_sp_gathered" if self.sp_gathered_inputs else "tp_sp"
+        return "tp" if self.tp > 1 else "none"
+
+    @property
+    def activation_precision(self) -> str:
+        """How activation values are stored (a key of costs.activations.PRECISIONS): plain PyTorch runs
+        bf16 as autocast over fp32 weights; DeepSpeed, FSDP2 and Megatron compute with bf16 weights."""
+        if self.dtype == "fp32":
+            return "fp32"
+        return "bf16_autocast" if self.framework == "torch" else "bf16_cast"
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where world rank `rank` sits on the mesh, in Megatron's order (tensor innermost, then
+        context, data, pipeline): e.g. {"tp": 1, "cp": 0, "dp": 0, "pp": 1}."""
+        out = {}
+        for dim in ("tp", "cp", "dp", "pp"):
+            rank, out[dim] = divmod(rank, getattr(self, dim))
+        return out
 
     def label(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}{'+sp' if self.sp else ''}", f"pp{self.pp}"]
@@ -117,11 +145,10 @@ class Workload:
     global_batch: int  # sequences per optimizer step
     seq_len: int
 
-
-def rung_fields(rung) -> dict:
-    """The Plan fields of a ZeRO rung (costs.memory.ZeroRung): stage, offload, framework."""
-    offload = "optimizer+params" if rung.offload_param else "optimizer" if rung.offload_optimizer else "none"
-    return {"zero": rung.stage, "offload": offload, "framework": rung.framework}
+    @classmethod
+    def from_training(cls, training: dict) -> Workload:
+        """From an experiment's `training` settings."""
+        return cls(training["global_batch_size"], training["seq_len"])
 
 
 def micro_batches(plan: Plan, workload: Workload) -> int:
@@ -169,6 +196,8 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
         return f"virtual_stages: {p.virtual_stages} chunks per rank go with (and only with) the interleaved schedule"
     if model.num_layers < p.pp:
         return f"pp: {model.num_layers} layers cannot give each of {p.pp} pipeline ranks one"
+    if p.pp * p.virtual_stages > model.num_layers + 2:
+        return f"virtual_stages: {p.pp * p.virtual_stages} stages cannot be cut from {model.num_layers} layers (+ embedding and head)"
     if p.ep > 1 and (not model.num_experts or model.num_experts % p.ep):
         return f"ep: {model.num_experts} experts are not divisible by ep={p.ep}"
     if (p.dp * p.cp) % p.ep:
@@ -185,6 +214,10 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
         return "zero: Megatron's distributed optimizer shards optimizer state only (zero 0 or 1)"
     if p.framework == "torch" and p.zero:
         return "zero: plain PyTorch replicas shard nothing (zero 0)"
+    if p.grad_bucket_mb is not None and (p.framework != "torch" or p.grad_bucket_mb < 0):
+        return "grad_bucket_mb: only plain PyTorch replicas bucket their gradient all-reduce (>= 0 MiB)"
+    if p.whole_embedding_grad and p.tp == 1:
+        return "whole_embedding_grad: only tensor parallelism splits the embedding"
     if p.framework == "fsdp2" and p.zero not in (2, 3):
         return "zero: FSDP2 shards gradients and parameters (zero 2 or 3)"
     return None

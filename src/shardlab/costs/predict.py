@@ -22,13 +22,53 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from shardlab.costs import memory
 from shardlab.costs.bubble import theory_bubble_ratio
+from shardlab.costs.comm_volume import Call, step_calls
 from shardlab.costs.hardware import training_flops_per_token
 from shardlab.costs.plan import Cluster, Plan, Workload, micro_batches, rejection
-from shardlab.costs.rank_memory import (USABLE_MEMORY, activation_bytes, comm_buffer_bytes, layer_parameters_on_rank,
-                                        model_states, rank_parameters)
+from shardlab.costs.rank_memory import (MEMORY_CATEGORIES, USABLE_MEMORY, activation_bytes, comm_buffer_bytes, embedding_gradient_bytes,
+                                        layer_parameters_on_rank, model_states, rank_parameters)
 from shardlab.costs.shapes import ModelShape
 from shardlab.costs.step_time import gradient_sync_s, optimizer_s, stage_times
+
+
+# --- one run, rank by rank: what the tables hold against the measurements ----------------------------
+def exact_tensors(model: ModelShape, plan: Plan) -> tuple | None:
+    """The parameter shapes, where the plan leaves every tensor whole on its data-parallel ranks (so
+    DeepSpeed's partition boundaries and FSDP2's row chunks can be followed exactly)."""
+    if plan.tp == plan.pp == plan.ep == 1 and not model.num_experts:
+        return tuple(map(tuple, memory.parameter_shapes(model)))
+    return None
+
+
+def rank_states(model: ModelShape, plan: Plan, rank: int) -> memory.ModelStates:
+    """Model-state bytes (parameters, gradients, optimizer state) of world rank `rank` under `plan`,
+    exactly where the tensors stay whole (`exact_tensors`)."""
+    at = plan.coordinates(rank)
+    return stage_states(model, plan, at["pp"], exact_tensors(model, plan), at["dp"] * plan.cp + at["cp"])
+
+
+def stage_states(model: ModelShape, plan: Plan, stage: int, tensors: tuple | None = None,
+                 shard_rank: int | None = None) -> memory.ModelStates:
+    """Model-state bytes of a rank of pipeline stage `stage` (the even split without `tensors`)."""
+    dense, experts = rank_parameters(model, plan, stage)
+    states = model_states(plan, dense, experts, tensors, shard_rank)
+    extra = embedding_gradient_bytes(model, plan, stage)
+    if not extra:
+        return states
+    return memory.ModelStates(states.param_bytes, states.grad_bytes + extra, states.optimizer_bytes,
+                              states.grad_peak_bytes + extra, states.offloaded_bytes)
+
+
+def rank_activations(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
+    """Activation bytes world rank `rank` holds at its peak (its pipeline stage's in-flight micro-batches)."""
+    return activation_bytes(model, plan, workload, plan.coordinates(rank)["pp"], dropout)
+
+
+def collectives(model: ModelShape, plan: Plan, workload: Workload) -> list[Call]:
+    """The collectives the busiest rank issues per optimizer step (`costs.comm_volume`)."""
+    return step_calls(model, plan, workload) if plan.world > 1 else []
 
 
 @dataclass(frozen=True)
@@ -67,16 +107,15 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
     layer_params = sum(layer_parameters_on_rank(model, plan.tp, plan.ep))  # dense + this rank's experts
     per_rank = {}
     for r in ranks:
-        dense, experts = rank_parameters(model, plan, r)
-        states = model_states(plan, dense, experts)
+        states = stage_states(model, plan, r)
         mem = {"parameters": states.param_bytes, "gradients": states.grad_peak_bytes,
                "optimizer": states.optimizer_bytes,
                "activations": activation_bytes(model, plan, workload, r, dropout),
                "comm_buffers": comm_buffer_bytes(model, plan, workload, layer_params)}
         device_total = sum(mem.values()) - states.offloaded_bytes
-        per_rank[r] = (device_total, mem, states, dense, experts)
+        per_rank[r] = (device_total, mem, states)
     fullest = max(per_rank, key=lambda r: per_rank[r][0])
-    device_total, mem, states, dense, experts = per_rank[fullest]
+    device_total, mem, states = per_rank[fullest]
     capacity = device["hbm_gb"] * 1e9 * USABLE_MEMORY
     host_needed = states.offloaded_bytes * cluster.gpus_per_node
     fits = device_total <= capacity and (cluster.host_memory_gb is None or host_needed <= cluster.host_memory_gb * 1e9)
@@ -90,13 +129,13 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
 
     # A step: m micro-batches at the slowest rank's pace, plus the pipeline's fill and drain (the
     # bubble of costs.bubble, in units of the first rank's micro-batch time).
-    stages = {r: stage_times(model, plan, workload, device, r, layer_params, dropout) for r in ranks}
+    stages = {r: stage_times(model, plan, workload, device, r, dropout) for r in ranks}
     per_micro = {r: sum(t.values()) for r, t in stages.items()}
     slowest = max(per_micro, key=per_micro.get)
     time = {k: m * stages[slowest][k] for k in stages[slowest]}
     time["pp_bubble"] = theory_bubble_ratio(plan.pp, m, plan.virtual_stages) * m * per_micro[0]
     backward_s = stages[slowest]["compute"] * 2 / 3
-    time["dp_comm"] = gradient_sync_s(plan, device, dense, experts, backward_s)
+    time["dp_comm"] = gradient_sync_s(model, plan, device, fullest, backward_s)
     time["optimizer"], time["offload"] = optimizer_s(plan, device, states)
     step = sum(time.values())
     tokens = workload.global_batch * workload.seq_len

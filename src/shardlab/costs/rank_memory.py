@@ -12,9 +12,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 from shardlab.costs import memory
-from shardlab.costs.activations import layer_bytes
+from shardlab.costs.activations import PRECISIONS, layer_bytes
 from shardlab.costs.plan import Plan, Workload, micro_batches
-from shardlab.costs.shapes import ModelShape, split_evenly
+from shardlab.costs.shapes import EMBED, HEAD, ModelShape, stage_units
 
 USABLE_MEMORY = 0.92  # of HBM: CUDA context (~0.5-1 GB) and allocator fragmentation take the rest
 ZERO3_PREFETCH_LAYERS = 2  # layers of gathered parameters ZeRO-3/FSDP hold at once (current + prefetch)
@@ -22,59 +22,78 @@ MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "com
 
 
 @lru_cache(maxsize=65536)
+def pipeline_ranks(n_layers: int, pp: int, v: int) -> tuple[tuple[int, bool, bool], ...]:
+    """(layers, holds the embedding, holds the head) of each pipeline rank: rank r runs stages r,
+    r + pp, ... of the stage cut the pipeline strategies use (`shapes.stage_units`)."""
+    stages = stage_units(n_layers, pp * v)
+    held = [[u for s in range(r, pp * v, pp) for u in stages[s]] for r in range(pp)]
+    return tuple((sum(isinstance(u, int) for u in units), EMBED in units, HEAD in units) for units in held)
+
+
 def rank_layers(n_layers: int, pp: int, v: int) -> tuple[int, ...]:
-    """Layers each pipeline rank holds; rank r runs chunks r, r + pp, ... of pp*v even chunks."""
-    chunks = [len(r) for r in split_evenly(n_layers, pp * v)]
-    return tuple(sum(chunks[c] for c in range(r, pp * v, pp)) for r in range(pp))
+    """Transformer layers each pipeline rank holds."""
+    return tuple(layers for layers, _, _ in pipeline_ranks(n_layers, pp, v))
 
 
 @lru_cache(maxsize=65536)
 def layer_parameters_on_rank(model: ModelShape, tp: int, ep: int) -> tuple[float, float]:
-    """(dense, expert) parameters of one layer on one rank: TP splits what it does not keep whole;
-    experts split over ep (and tp, Megatron's default expert tensor parallelism)."""
+    """(dense, expert) parameters of one layer on one rank. TP splits every matrix and the biases of
+    column-parallel layers; norms, row-parallel biases and the router stay whole. Experts split over
+    ep, and their matrices over tp (Megatron's default expert tensor parallelism; down biases whole)."""
     whole = model.layer_parameters_kept_whole()
-    experts = model.num_experts * model.expert_parameters() if model.num_experts else 0
-    dense = (model.layer_parameters() - experts - whole) / tp + whole
-    if experts:
-        dense -= model.num_experts * (model.hidden_size if model.biases else 0) / tp  # down biases stay whole
-        experts = experts / (ep * tp)
-    return dense, experts
+    if not model.num_experts:
+        return (model.layer_parameters() - whole) / tp + whole, 0.0
+    bias = model.hidden_size if model.biases else 0
+    experts = model.num_experts * model.expert_parameters()
+    dense_whole = whole - model.num_experts * bias  # the expert down biases are counted with the experts
+    dense = (model.layer_parameters() - experts - dense_whole) / tp + dense_whole
+    return dense, model.num_experts / ep * ((model.expert_parameters() - bias) / tp + bias)
 
 
 def rank_parameters(model: ModelShape, plan: Plan, rank: int) -> tuple[float, float]:
-    """(dense, expert) parameters pipeline rank `rank` holds (first: embedding; last: head)."""
+    """(dense, expert) parameters pipeline rank `rank` holds (the embedding and the head where its
+    stages hold them; vocabulary-split under TP)."""
     dense_layer, expert_layer = layer_parameters_on_rank(model, plan.tp, plan.ep)
-    layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
+    layers, embedding, head = pipeline_ranks(model.num_layers, plan.pp, plan.virtual_stages)[rank]
     dense = layers * dense_layer
-    if rank == 0:
+    if embedding:
         dense += model.embedding_parameters() / plan.tp
-    if rank == plan.pp - 1:
-        head = model.head_parameters() - model.norm_parameters()
-        dense += head / plan.tp + model.norm_parameters()
+    if head:
+        dense += (model.head_parameters() - model.norm_parameters()) / plan.tp + model.norm_parameters()
     return dense, layers * expert_layer
 
 
-def model_states(plan: Plan, dense: float, experts: float, tensors: tuple | None = None) -> memory.ModelStates:
+def model_states(plan: Plan, dense: float, experts: float, tensors: tuple | None = None,
+                 shard_rank: int | None = None) -> memory.ModelStates:
     """Model-state bytes of a rank: dense parameters sharded over the dp x cp ranks, experts over the
     dp x cp / ep ranks that hold the same experts. `tensors` (the dense parameters' shapes, when
-    known): DeepSpeed's padding and partition boundaries, FSDP2's row chunks, exactly; else the even split."""
+    known): DeepSpeed's padding and partition boundaries, FSDP2's row chunks, exactly, for the rank
+    `shard_rank` of the sharding group (None: the fullest); else the even split."""
     return _model_states(plan.zero, plan.offload, plan.framework, plan.dtype, plan.optimizer,
-                         plan.dp * plan.cp, plan.ep, dense, experts, tensors)
+                         plan.dp * plan.cp, plan.ep, dense, experts, tensors, shard_rank)
 
 
 @lru_cache(maxsize=65536)
 def _model_states(zero: int, offload: str, framework: str, dtype: str, optimizer: str, shard: int, ep: int,
-                  dense: float, experts: float, tensors: tuple | None) -> memory.ModelStates:
-    rung = memory.ZeroRung(zero, offload_optimizer=offload != "none", offload_param=offload == "optimizer+params",
-                           framework=framework)
+                  dense: float, experts: float, tensors: tuple | None, shard_rank: int | None) -> memory.ModelStates:
+    rung = memory.ZeroRung.of(zero, offload, framework)
     dtype = "fp32" if dtype == "fp32" else "bf16"
     if framework == "torch":  # fp32 weights, gradients and moments on every replica, any dtype (autocast)
         return memory.unsharded(dense + experts, dtype, optimizer)
-    parts = [memory.predict(rung, dense, shard, dtype, optimizer, tensors=tensors)]
+    parts = [memory.predict(rung, dense, shard, dtype, optimizer, tensors=tensors,
+                            rank=shard_rank if tensors else None)]
     if experts:
         parts.append(memory.predict(rung, experts, shard // ep, dtype, optimizer))
     return memory.ModelStates(*(sum(getattr(p, f) for p in parts) for f in
                                 ("param_bytes", "grad_bytes", "optimizer_bytes", "grad_peak_bytes", "offloaded_bytes")))
+
+
+def embedding_gradient_bytes(model: ModelShape, plan: Plan, rank: int) -> float:
+    """What a TP implementation that keeps the vocabulary-split embedding's gradient whole adds on the
+    pipeline rank holding the embedding (measured, torch 2.13 DTensor: a Replicate gradient)."""
+    if not plan.whole_embedding_grad or not pipeline_ranks(model.num_layers, plan.pp, plan.virtual_stages)[rank][1]:
+        return 0.0
+    return 4 * model.embedding_parameters() * (plan.tp - 1) / plan.tp
 
 
 def activation_layer_bytes(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
@@ -86,20 +105,20 @@ def activation_layer_bytes(model: ModelShape, plan: Plan, workload: Workload, re
 def activation_layer_parts(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
                            dropout: bool = False) -> dict:
     """`activation_layer_bytes` by component (costs.activations.COMPONENTS); read-only (cached)."""
-    split = ("tp_sp_gathered" if plan.sp_gathered_inputs else "tp_sp") if plan.sp else ("tp" if plan.tp > 1 else "none")
-    return _layer_parts(model, workload.seq_len // plan.cp, plan.micro_batch, plan.tp, split, plan.value_bytes,
-                        plan.attention, dropout, recompute or plan.recompute)
+    return _layer_parts(model, workload.seq_len // plan.cp, plan.micro_batch, plan.tp, plan.activation_split,
+                        plan.activation_precision, plan.attention, dropout, recompute or plan.recompute)
 
 
 @lru_cache(maxsize=65536)
-def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, value_bytes: int, attention: str,
+def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, stored: str, attention: str,
                  dropout: bool, recompute: str) -> dict:
     width = (model.expert_intermediate or model.intermediate_size) if model.num_experts else model.intermediate_size
-    parts = layer_bytes(s, b, model.hidden_size, model.num_heads, width, t=t, split=split, value_bytes=value_bytes,
-                        residual=model.residual, attention="eager" if attention == "eager" else "sdpa",
+    how = PRECISIONS[stored]
+    parts = layer_bytes(s, b, model.hidden_size, model.num_heads, width, t=t, split=split, **how,
+                        residual=model.residual, attention="sdpa" if attention == "flash" else attention,
                         dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp)
     if model.num_experts and recompute != "full":
-        parts = dict(parts, mlp=parts["mlp"] + routed_expert_bytes(model, s * b, t, value_bytes, width))
+        parts = dict(parts, mlp=parts["mlp"] + routed_expert_bytes(model, s * b, t, how["value_bytes"], width))
     return parts
 
 
@@ -137,20 +156,36 @@ def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, ra
 
 def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
     """Activation bytes of pipeline rank `rank` at its peak: stored layers of every in-flight
-    micro-batch (full recompute: plus one layer's working set); the first rank's token ids (and
-    embedding dropout mask); the last rank's final-norm input and statistics, LM-head input and the
-    fp32 log-probabilities cross-entropy keeps (vocabulary-split under TP)."""
+    micro-batch (full recompute: plus one layer's working set) and what sits outside the layers
+    (`edge_activation_bytes`) for each in-flight micro-batch."""
     flights = in_flight(plan, micro_batches(plan, workload), rank)
     total = layer_activation_bytes(model, plan, workload, rank, dropout)
     if plan.recompute == "full":
         total += activation_layer_bytes(model, plan, workload, recompute="none", dropout=dropout)
+    _, embedding, head = pipeline_ranks(model.num_layers, plan.pp, plan.virtual_stages)[rank]
+    return total + flights * edge_activation_bytes(model, plan, workload, embedding, head, dropout)
+
+
+def edge_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, embedding: bool, head: bool,
+                          dropout: bool = False) -> float:
+    """One micro-batch's bytes outside the layers: at the embedding the token ids (and, vocabulary-split,
+    the mask of ids outside the rank's range; the dropout mask); at the head the final norm's input and
+    statistics, the LM head's input (and autocast's bf16 copy of its weight) and the fp32
+    log-probabilities cross-entropy keeps, vocabulary-split only where the loss is."""
+    how = PRECISIONS[plan.activation_precision]
     tokens = plan.micro_batch * workload.seq_len / plan.cp
-    hidden = tokens * model.hidden_size / (plan.tp if plan.sp else 1)
-    if rank == 0:
-        total += flights * (8 * tokens + (hidden if dropout else 0))
-    if rank == plan.pp - 1:
-        total += flights * (2 * hidden * plan.value_bytes + 2 * 4 * tokens + 4 * tokens * model.vocab_size / plan.tp)
-    return total
+    shard = plan.tp if plan.sp else 1  # sequence parallelism splits the residual stream
+    hidden = tokens * model.hidden_size
+    out = 0.0
+    if embedding:
+        out += 8 * tokens + (tokens if plan.tp > 1 else 0) + (hidden / shard if dropout else 0)
+    if head:
+        residual = 4 if how["autocast"] else how["value_bytes"]
+        out += (residual * hidden + 2 * how["norm_stats_bytes"] * tokens) / shard
+        out += how["value_bytes"] * hidden / shard
+        out += how["value_bytes"] * model.vocab_size * model.hidden_size / plan.tp if how["autocast"] else 0
+        out += 4 * tokens * model.vocab_size / (plan.tp if plan.vocab_parallel_loss else 1)
+    return out
 
 
 def comm_buffer_bytes(model: ModelShape, plan: Plan, workload: Workload, layer_params: float) -> float:

@@ -1,5 +1,5 @@
-"""The shapes every cost model works from: a GPT-NeoX (Pythia) model, one training step, and how
-a model's parameters split over tensor-parallel shards, pipeline stages and experts.
+"""The shape every cost model works from: a GPT-NeoX (Pythia) model, its parameter counts, and the
+pipeline's stage cut.
 
 Pure arithmetic (no torch): the registry, the planner and the tables import it freely; the
 strategies that really cut the model (`pipeline_parallel.stages`) use the same stage cut.
@@ -105,14 +105,6 @@ class ModelShape:
         unused = (self.num_experts - self.top_k) * self.expert_parameters()
         return self.parameters() - self.num_layers * unused
 
-    def tensor_parallel_parameters(self, t: int) -> int:
-        """Parameters one of t Megatron-style shards holds: QKV, the MLP up-projections (weights and
-        biases), both down-projections' weights, the embedding and the head split over t; norms and
-        the row-parallel biases stay whole. Experts are split over t like dense MLPs."""
-        split = self.num_layers * (self.layer_parameters() - self.layer_parameters_kept_whole())
-        split += self.embedding_parameters() + (0 if self.tied_embeddings else self.hidden_size * self.vocab_size)
-        return split // t + self.parameters() - split
-
     def layer_parameters_kept_whole(self) -> int:
         """Parameters of one layer that tensor parallelism replicates: the norms, the row-parallel
         biases (attention output, MLP or expert down-projections) and the router."""
@@ -121,31 +113,6 @@ class ModelShape:
         if self.num_experts:
             return whole + h * self.num_experts + self.num_experts * (h if bias else 0)
         return whole + (h if bias else 0)
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """The training side: one optimizer step's tokens and the activation element size."""
-
-    global_batch: int
-    seq_len: int
-    micro_batch: int | None  # per data-parallel rank; None = the whole local batch
-    activation_bytes: int  # 4 in fp32, 2 under bf16 autocast
-
-    @classmethod
-    def from_training(cls, training: dict) -> StepShape:
-        return cls(training["global_batch_size"], training["seq_len"], training.get("micro_batch_size"),
-                   2 if training.get("dtype") == "bf16" else 4)
-
-    @property
-    def tokens(self) -> int:
-        return self.global_batch * self.seq_len
-
-    def micro_batches(self, dp: int) -> tuple[int, int]:
-        """(micro-batch rows, micro-batches per step) of one data-parallel rank."""
-        local = self.global_batch // dp
-        rows = min(self.micro_batch or local, local)
-        return rows, max(1, local // rows)
 
 
 def split_evenly(n: int, parts: int) -> list[range]:
@@ -171,26 +138,3 @@ def stage_units(n_layers: int, n_stages: int) -> list[list]:
     if len(units) < n_stages:
         raise ValueError(f"{n_stages} stages cannot be cut from {n_layers} layers (+ embedding and head)")
     return [[units[i] for i in r] for r in split_evenly(len(units), n_stages)]
-
-
-def stage_parameters(model: ModelShape, units: list) -> int:
-    return sum(model.embedding_parameters() if u == EMBED else model.head_parameters() if u == HEAD
-               else model.layer_parameters() for u in units)
-
-
-def pipeline_rank_parameters(model: ModelShape, pp: int, virtual_stages: int = 1) -> list[int]:
-    """Parameters each of `pp` pipeline ranks holds; rank r runs stages r, r + pp, ... (looped)."""
-    stages = stage_units(model.num_layers, pp * virtual_stages)
-    return [sum(stage_parameters(model, stages[s]) for s in range(r, pp * virtual_stages, pp)) for r in range(pp)]
-
-
-def moe_parameters(model: ModelShape, num_experts: int, top_k: int, expert_intermediate: int | None,
-                   ep: int = 1) -> int:
-    """Parameters one of `ep` expert-parallel ranks holds when every MLP is a top-k mixture of
-    `num_experts` GPT-NeoX MLPs (width `expert_intermediate`, default intermediate / top_k) with a
-    bias-free router: the dense part and the routers whole, the experts split over `ep`."""
-    h = model.hidden_size
-    ffn = expert_intermediate or model.intermediate_size // top_k
-    expert = (h * ffn + ffn) + (ffn * h + h)
-    dense = model.parameters() - model.num_layers * model.mlp_parameters()
-    return dense + model.num_layers * (h * num_experts + num_experts // ep * expert)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from shardlab.costs import memory
 from shardlab.costs.collectives import bus_factor
-from shardlab.costs.comm_volume import (CP_RING_PASSES_PER_LAYER, EP_ALL_TO_ALLS_PER_LAYER, TP_COLLECTIVES_PER_LAYER,
-                                        TP_COLLECTIVES_PER_RECOMPUTE, kv_message)
+from shardlab.costs.comm_volume import (CP_RING_PASSES_PER_LAYER, Call, cp_calls, ep_calls, pipeline_calls,
+                                        sharded_calls, step_sync_calls, tp_calls)
 from shardlab.costs.plan import Plan, Workload
-from shardlab.costs.rank_memory import activation_layer_parts, rank_layers
+from shardlab.costs.rank_memory import activation_layer_parts, rank_layers, rank_parameters
 from shardlab.costs.shapes import ModelShape
 
 CPU_ADAM_PARAMS_PER_S = 1e9  # per GPU's share of the host: an order-of-magnitude assumption, not measured
@@ -32,6 +32,11 @@ def collective_s(device: dict, collective: str, size_bytes: float, group: int, i
     else:
         beta, alpha = device["network_gbps"] * 1e9, device["inter_node_latency_us"] * 1e-6
     return alpha + size_bytes * bus_factor(collective, group) / (beta * device["link"])
+
+
+def calls_s(device: dict, calls: list[Call], intra_node: bool) -> float:
+    """Seconds of a list of calls issued one after another (`costs.comm_volume`)."""
+    return sum(c.count * collective_s(device, c.collective, c.size_bytes, c.group_size, intra_node) for c in calls)
 
 
 def gemm_efficiency(device: dict, width: float) -> float:
@@ -56,8 +61,7 @@ def layer_flops(model: ModelShape, plan: Plan, workload: Workload) -> tuple[floa
     return gemm, core
 
 
-def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict, rank: int,
-                layer_params: float, dropout: bool) -> dict:
+def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict, rank: int, dropout: bool) -> dict:
     """Seconds of pipeline rank `rank` per micro-batch, by component (forward + backward)."""
     peak = device["fp32_tflops" if plan.dtype == "fp32" else "bf16_tflops"] * 1e12
     gemm_s, hbm_s = peak * gemm_efficiency(device, model.hidden_size / plan.tp), device["hbm_tbps"] * 1e12 * device["hbm"]
@@ -75,26 +79,16 @@ def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict,
     if rank == plan.pp - 1:
         compute += 3 * 2 * tokens * model.hidden_size * model.vocab_size / plan.tp / gemm_s
 
-    act = tokens * model.hidden_size * plan.value_bytes
-    per_node = device["gpus_per_node"]
-    tp_calls = TP_COLLECTIVES_PER_LAYER + (TP_COLLECTIVES_PER_RECOMPUTE if plan.recompute == "full" else 0)
-    tp = layers * tp_calls * collective_s(device, "all_reduce", act, plan.tp, True)
-    kv = kv_message(tokens, model.kv_width, plan.value_bytes) / plan.tp
-    ring_passes = CP_RING_PASSES_PER_LAYER * layers
-    ring = ring_passes * (plan.cp - 1) * collective_s(device, "sendrecv", kv, plan.cp, plan.tp * plan.cp <= per_node)
-    hide = device["overlap"]
-    cp = max(0.0, ring - hide * ring_passes * core / gemm_s)  # ring attention overlaps the transfer with attention math
-    ep = 0.0
-    if model.num_experts and plan.ep > 1:
-        routed = act * model.top_k / (plan.tp if plan.sp else 1)
-        ep = layers * EP_ALL_TO_ALLS_PER_LAYER * collective_s(device, "all_to_all", routed, plan.ep,
-                                                             plan.tp * plan.ep <= per_node)
-    zero = max(0.0, sharded_data_parallel_s(plan, device, layer_params * layers) - hide * compute)  # overlapped
-    p2p = 0.0
-    if plan.pp > 1:
-        stride_intra = plan.tp * plan.cp * plan.dp < per_node
-        msg = act / plan.tp  # each TP rank sends its 1/tp slice (Narayanan et al. 2021's scatter/gather)
-        p2p = 2 * plan.virtual_stages * collective_s(device, "sendrecv", msg, 2, stride_intra)
+    per_node, hide = device["gpus_per_node"], device["overlap"]
+    tp = calls_s(device, tp_calls(model, plan, workload, layers), True)
+    ring = calls_s(device, cp_calls(model, plan, workload, layers), plan.tp * plan.cp <= per_node)
+    cp = max(0.0, ring - hide * CP_RING_PASSES_PER_LAYER * layers * core / gemm_s)  # overlapped with attention math
+    ep = calls_s(device, ep_calls(model, plan, workload, layers), plan.tp * plan.ep <= per_node)
+    group, intra = _dp_group(plan, device)
+    dense, experts = rank_parameters(model, plan, rank)
+    sharded = [*sharded_calls(plan, dense, group, "micro"), *sharded_calls(plan, experts, group // plan.ep, "micro")]
+    zero = max(0.0, calls_s(device, sharded, intra) - hide * compute)  # overlapped with the micro-batch
+    p2p = calls_s(device, pipeline_calls(model, plan, workload), plan.tp * plan.cp * plan.dp < per_node)
     return {"compute": compute, "tp_comm": tp, "cp_comm": cp, "ep_comm": ep, "zero_comm": zero, "pp_p2p": p2p}
 
 
@@ -103,39 +97,14 @@ def _dp_group(plan: Plan, device: dict) -> tuple[int, bool]:
     return plan.dp * plan.cp, plan.tp * plan.cp * plan.dp <= device["gpus_per_node"]
 
 
-def _grad_bytes(plan: Plan) -> int:
-    return 4 if plan.framework in ("megatron", "fsdp2") or plan.dtype == "fp32" else 2
-
-
-def sharded_data_parallel_s(plan: Plan, device: dict, params: float) -> float:
-    """Per micro-batch, ZeRO-2/3 and FSDP reduce-scatter the gradients of `params` as backward makes
-    them, and ZeRO-3/FSDP all-gather the parameters again for forward and for backward."""
-    if plan.zero < 2:
-        return 0.0
-    group, intra = _dp_group(plan, device)
-    weight = 4 if plan.dtype == "fp32" or plan.framework == "fsdp2" else 2
-    seconds = collective_s(device, "reduce_scatter", params * _grad_bytes(plan), group, intra)
-    if plan.zero == 3:
-        seconds += 2 * collective_s(device, "all_gather", params * weight, group, intra)
-    return seconds
-
-
-def gradient_sync_s(plan: Plan, device: dict, dense: float, experts: float, backward_s: float) -> float:
-    """Once per step: ZeRO-0 all-reduces the gradients, ZeRO-1 (and Megatron's distributed optimizer)
-    reduce-scatters them, both overlapped with the last micro-batch's backward; ZeRO-1/2 then
-    all-gather the updated parameters, which nothing hides. ZeRO-3 has reduced per micro-batch."""
-    group, intra = _dp_group(plan, device)
-    grad = _grad_bytes(plan)
-    overlapped = gathered = 0.0
-    for params, size in ((dense, group), (experts, group // plan.ep)):
-        if not params:
-            continue
-        if plan.zero == 0:
-            overlapped += collective_s(device, "all_reduce", params * grad, size, intra)
-        elif plan.zero == 1:
-            overlapped += collective_s(device, "reduce_scatter", params * grad, size, intra)
-        if plan.zero in (1, 2):
-            gathered += collective_s(device, "all_gather", params * (4 if plan.dtype == "fp32" else 2), size, intra)
+def gradient_sync_s(model: ModelShape, plan: Plan, device: dict, rank: int, backward_s: float) -> float:
+    """Once per step (`comm_volume.step_sync_calls`): the gradient all-reduce (ZeRO-0, replicas) or
+    reduce-scatter (ZeRO-1, Megatron's distributed optimizer) overlaps the last micro-batch's backward;
+    the updated parameters' all-gather (ZeRO-1/2) is hidden by nothing."""
+    calls = step_sync_calls(model, plan, rank)
+    _, intra = _dp_group(plan, device)
+    gathered = calls_s(device, [c for c in calls if c.collective == "all_gather"], intra)
+    overlapped = calls_s(device, [c for c in calls if c.collective != "all_gather"], intra)
     return max(0.0, overlapped - device["overlap"] * backward_s) + gathered
 
 

@@ -7,16 +7,17 @@ transfers and a CPU optimizer step) and take the first rung whose model states a
 the device memory left after a margin for activations, communication buckets and allocator
 fragmentation (`headroom`, default 25 % of the device). Offloaded state must also fit in host memory.
 
+The rungs are the registry's (`shardlab.strategies.zero.RUNGS`, passed in as Plan fields); the
+command line is `shardlab.strategies.zero.tree`:
+
     python -m shardlab plan-zero --params 6.9e9 --gpus 2 --gpu-mem 80GB
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 
-from shardlab.costs.memory import ZERO_LADDER, ZeroRung
-from shardlab.costs.plan import Plan, rung_fields
+from shardlab.costs.plan import Plan
 from shardlab.costs.rank_memory import model_states
 
 DEFAULT_HEADROOM = 0.25
@@ -31,13 +32,14 @@ def parse_bytes(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
-def feasibility(n_params: float, gpus: int, gpu_mem: float, dtype: str = "bf16", optimizer: str = "adamw",
-                headroom: float = DEFAULT_HEADROOM, host_mem: float | None = None) -> list[dict]:
-    """One row per rung: predicted peak device bytes per rank, the budget, and whether it fits."""
+def feasibility(rungs: dict[str, dict], n_params: float, gpus: int, gpu_mem: float, dtype: str = "bf16",
+                optimizer: str = "adamw", headroom: float = DEFAULT_HEADROOM, host_mem: float | None = None) -> list[dict]:
+    """One row per rung (`rungs`: name -> Plan fields, in ladder order): predicted peak device bytes
+    per rank, the budget, and whether it fits."""
     budget = gpu_mem * (1 - headroom)
     rows = []
-    for rung in ZERO_LADDER:
-        states = model_states(data_parallel_plan(ZERO_LADDER[rung], gpus, dtype, optimizer), n_params, 0)
+    for rung, fields in rungs.items():
+        states = model_states(data_parallel_plan(fields, gpus, dtype, optimizer), n_params, 0)
         host_needed = states.offloaded_bytes * gpus  # every rank's offloaded share lives on the same host
         fits_device = states.device_peak_bytes <= budget
         fits_host = host_mem is None or host_needed <= host_mem
@@ -49,48 +51,11 @@ def feasibility(n_params: float, gpus: int, gpu_mem: float, dtype: str = "bf16",
     return rows
 
 
-def data_parallel_plan(rung: ZeroRung, gpus: int, dtype: str, optimizer: str) -> Plan:
-    """The planner's plan for a rung of the ladder: every device a data-parallel rank."""
-    return Plan(dp=gpus, dtype=dtype, optimizer=optimizer, **rung_fields(rung))
+def data_parallel_plan(fields: dict, gpus: int, dtype: str, optimizer: str) -> Plan:
+    """The planner's plan for a rung of the ladder (its Plan fields): every device a data-parallel rank."""
+    return Plan(**{**fields, "dp": gpus, "dtype": dtype, "optimizer": optimizer})
 
 
 def choose(rows: list[dict]) -> str | None:
     """The first rung on the ladder that fits (least communication), or None: shard further (TP/PP)."""
     return next((r["rung"] for r in rows if r["fits"]), None)
-
-
-def plan(n_params: float, gpus: int, gpu_mem: float, **kw) -> dict:
-    rows = feasibility(n_params, gpus, gpu_mem, **kw)
-    return {"choice": choose(rows), "rows": rows}
-
-
-def render(result: dict, n_params: float, gpus: int, gpu_mem: float, headroom: float) -> str:
-    gb = 1e9
-    lines = [f"{n_params / 1e9:.2f}B parameters on {gpus} device(s) of {gpu_mem / gb:.0f} GB "
-             f"(budget {gpu_mem * (1 - headroom) / gb:.1f} GB after a {headroom:.0%} activation/headroom margin)"]
-    for r in result["rows"]:
-        mark = "->" if r["rung"] == result["choice"] else "  "
-        lines.append(f"{mark} {r['rung']:14s} {r['device_peak_bytes'] / gb:8.1f} GB/device  "
-                     f"{'fits' if r['fits'] else 'no  '}  ({r['why']})")
-    lines.append(f"choice: {result['choice'] or 'none: the model states do not fit; add tensor/pipeline parallelism or more devices'}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab plan-zero", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", type=float, required=True, help="parameter count, e.g. 6.9e9")
-    parser.add_argument("--gpus", type=int, required=True, help="data-parallel devices")
-    parser.add_argument("--gpu-mem", required=True, help="memory per device, e.g. 80GB or 24GiB")
-    parser.add_argument("--host-mem", default=None, help="host memory for offloaded state (default: unlimited)")
-    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
-                        help="fraction of device memory kept for activations and buffers (default 0.25)")
-    args = parser.parse_args(argv)
-    gpu_mem = parse_bytes(args.gpu_mem)
-    host_mem = parse_bytes(args.host_mem) if args.host_mem else None
-    result = plan(args.params, args.gpus, gpu_mem, dtype=args.dtype, optimizer=args.optimizer,
-                  headroom=args.headroom, host_mem=host_mem)
-    print(render(result, args.params, args.gpus, gpu_mem, args.headroom))
-    return 0

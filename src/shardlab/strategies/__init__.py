@@ -1,50 +1,64 @@
 """The strategy registry: the single source of every strategy fact.
 
 Each family package lists its strategies (`SPECS` in `strategies/<family>/__init__.py`, torch-free)
-with their module, report topic, reference, communication plan, memory prediction and config
-checks (`spec.StrategySpec`). Rules, tables and report sections iterate over this registry; none
-keeps its own list of strategy names. Adding a strategy is one entry in its family's `SPECS`, its
-module, and its tests.
+with their module, report topic, reference, Plan fields and config checks (`spec.StrategySpec`): a
+strategy is a Plan plus an implementation, and the one cost model (`costs.predict`) predicts its
+memory, collectives and step time from the Plan. Rules, tables and report sections iterate over this
+registry; none keeps its own list of strategy names. Adding a strategy is one entry in its family's
+`SPECS` (or `register`), its module, and its tests.
 """
 
 from __future__ import annotations
 
 import os
 
-from shardlab.costs.memory import unsharded
 from shardlab.strategies import context_parallel, data_parallel, expert_parallel, pipeline_parallel, tensor_parallel, zero
 from shardlab.errors import ConfigError
-from shardlab.strategies.spec import StrategySpec, one
+from shardlab.strategies.spec import Family, StrategySpec
 
 
-def check_reorderable(exp: dict, where: str, world) -> None:
+def smaller_micro_batch(rows: int) -> int:
+    """The largest micro-batch below `rows` that divides it (rows / its smallest prime factor): half an
+    even micro-batch, a third of 9, one row of a prime."""
+    if rows < 2:
+        raise ValueError("a micro-batch of one sequence cannot be split into a second summation order")
+    return rows // next(p for p in range(2, rows + 1) if rows % p == 0)
+
+
+def check_reorderable(spec: StrategySpec, exp: dict, where: str, world) -> None:
     """The reordered reference splits each micro-batch in two, so a micro-batch needs two sequences."""
     training = exp["training"]
     if (training.get("micro_batch_size") or training["global_batch_size"]) < 2:
         field = "micro_batch_size" if training.get("micro_batch_size") else "global_batch_size"
-        raise ConfigError(f"{where.rsplit('.strategy_options', 1)[0]}.training.{field}",
+        raise ConfigError(f"{where}.training.{field}",
                           "the parity check's noise floor (single_reordered) splits each micro-batch in two: "
                           "it needs at least 2 sequences per micro-batch")
 
 
 SINGLE = StrategySpec(
-    "single", "shardlab.strategies.single:SingleDevice", "baseline", "runs",
+    "single", "shardlab.strategies.single:SingleDevice", Family.BASELINE, "runs",
     "One process, the reference every parallel run is checked against.",
-    lambda model, step, world, options: [],
-    lambda model, world, options, dtype, optimizer: [unsharded(model.parameters(), dtype, optimizer)],
-    reference="single", single_process=True, data_parallel_size=one, reordered="single_reordered")
+    reference="single", single_process=True, reordered="single_reordered")
 SINGLE_REORDERED = StrategySpec(
-    "single_reordered", "shardlab.strategies.single:SingleReordered", "baseline", "runs",
+    "single_reordered", "shardlab.strategies.single:SingleReordered", Family.BASELINE, "runs",
     "The reference with its micro-batches and its linear layers' sums split in two: the same math in another "
     "order, so its distance from `single` is the rounding noise the parity check allows for (tables.parity).",
-    SINGLE.comm_plan, SINGLE.model_states, single_process=True, data_parallel_size=one,
-    check_options=check_reorderable)
+    single_process=True, check_options=check_reorderable, micro_batch_rows=smaller_micro_batch)
 
 _FAMILIES = (data_parallel, zero, tensor_parallel, pipeline_parallel, context_parallel, expert_parallel)
 REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in [SINGLE, SINGLE_REORDERED, *(s for f in _FAMILIES for s in f.SPECS)]}
 TOPICS: tuple[str, ...] = tuple(dict.fromkeys(spec.topic for spec in REGISTRY.values()))
 # Runs that measure rounding noise for the parity rule, not a technique: no ranking or claim counts them.
 NOISE_RUNS: frozenset[str] = frozenset(filter(None, (x for s in REGISTRY.values() for x in (s.reordered, s.bf16_twin))))
+
+
+def register(spec: StrategySpec) -> StrategySpec:
+    """Add a strategy to the registry (e.g. a variant of an existing class with other Plan fields):
+    checked, predicted and tabulated like every other. Refuses a name already taken."""
+    if spec.name in REGISTRY:
+        raise ValueError(f"strategy '{spec.name}' is already registered")
+    REGISTRY[spec.name] = spec
+    return spec
 
 
 def get_spec(name: str) -> StrategySpec:

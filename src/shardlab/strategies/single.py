@@ -16,14 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlab.strategies.base import Strategy, split_micro_batches
-
-
-def smaller_micro_batch(rows: int) -> int:
-    """The largest micro-batch below `rows` that divides it (rows / its smallest prime factor): half an
-    even micro-batch, a third of 9, one row of a prime."""
-    if rows < 2:
-        raise ValueError("a micro-batch of one sequence cannot be split into a second summation order")
-    return rows // next(p for p in range(2, rows + 1) if rows % p == 0)
+from shardlab.strategies import smaller_micro_batch
 
 
 def split_reduction_forward(linear: nn.Linear, x):

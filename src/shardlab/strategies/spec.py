@@ -8,45 +8,76 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable
 
-from shardlab.costs.comm_volume import Call
-from shardlab.costs.memory import ModelStates, ZeroRung
-from shardlab.costs.plan import rung_fields
-from shardlab.costs.shapes import ModelShape, StepShape
+from shardlab.costs.plan import Plan
+from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 
-# (model, step, world size, strategy options) -> the collectives the busiest rank issues per step
-CommPlan = Callable[[ModelShape, StepShape, int, dict], list[Call]]
-# (model, world size, strategy options, dtype, optimizer) -> model-state bytes of each rank
-MemoryPlan = Callable[[ModelShape, int, dict, str, str], list[ModelStates]]
-# (world size, strategy options) -> the planner's Plan fields of a run (costs.plan.Plan: dp, tp, pp, ...)
-Layout = Callable[[int, dict], dict]
-# (experiment, "experiments.<exp>.strategy_options.<strategy>", world size or "auto") -> raise ConfigError
-OptionCheck = Callable[[dict, str, "int | str"], None]
+
+class Family(StrEnum):
+    """What the report calls a technique (a StrEnum: its value is what tables and summaries print)."""
+
+    BASELINE = "baseline"
+    DATA_PARALLEL = "data parallel"
+    ZERO = "zero"
+    TENSOR_PARALLEL = "tensor parallel"
+    PIPELINE_PARALLEL = "pipeline parallel"
+    HYBRID = "hybrid"
+    CONTEXT_PARALLEL = "context parallel"
+    EXPERT_PARALLEL = "expert parallel"
 
 
-def whole_world(world: int, options: dict) -> int:
-    return world
+# (world size, strategy options) -> the costs.plan.Plan fields of a run: its degrees, schedule, ZeRO
+# flavour and implementation facts (not dtype, optimizer or micro-batch rows: the experiment's).
+# A pipeline may add "micro_batches" (per step), from which the rows per micro-batch follow.
+PlanFields = Callable[[int, dict], dict]
+# (the experiment's model shape, strategy options) -> the model the strategy trains (e.g. its MoE variant)
+ModelOf = Callable[[ModelShape, dict], ModelShape]
+# (the spec, experiment, "experiments.<exp>", world size or "auto") -> raise ConfigError naming the field
+OptionCheck = Callable[["StrategySpec", dict, str, "int | str"], None]
 
 
-def one(world: int, options: dict) -> int:
-    return 1
+def replicas(world: int, options: dict) -> dict:
+    """Plain data parallelism over every rank: the plan of a run that says nothing else."""
+    return {"dp": world}
 
 
-def no_checks(exp: dict, where: str, world: int | str) -> None:
+def no_checks(spec: StrategySpec, exp: dict, where: str, world: int | str) -> None:
     return None
+
+
+def only_options(*known: str) -> OptionCheck:
+    """A check that rejects any strategy option but `known` (and the launcher's world_size)."""
+    def check(spec: StrategySpec, exp: dict, where: str, world: int | str) -> None:
+        allowed = {"world_size", *known}
+        for key in spec.options(exp):
+            if key not in allowed:
+                raise ConfigError(spec.option_field(where, key), f"unknown option (known: {', '.join(sorted(allowed))})")
+
+    return check
+
+
+def all_of(*checks: OptionCheck) -> OptionCheck:
+    def check(spec: StrategySpec, exp: dict, where: str, world: int | str) -> None:
+        for one in checks:
+            one(spec, exp, where, world)
+
+    return check
 
 
 @dataclass(frozen=True)
 class StrategySpec:
+    """A strategy is a Plan (what the cost model predicts) plus an implementation (what runs)."""
+
     name: str
     target: str  # "module:Class", imported only when a run starts
-    family: str  # what the report calls the technique: "data parallel", "zero", ...
+    family: Family
     topic: str  # its report section, table module and rule file: reports/sections/<topic>.qmd, ...
     summary: str
-    comm_plan: CommPlan
-    model_states: MemoryPlan
+    plan: PlanFields = replicas
+    model: ModelOf | None = None  # None: the experiment's model as it is
     reference: str = "single"  # the run its losses must reproduce (same experiment)
     # The runs whose distance from the reference is the rounding noise a parity check allows (tables.parity):
     # on a reference, its repeat in another summation order (None where no other order is the same math);
@@ -56,37 +87,50 @@ class StrategySpec:
     bf16_twin: str | None = None
     twin: str | None = None  # for a hand-written strategy: the production one it is measured against
     single_process: bool = False
-    data_parallel_size: Callable[[int, dict], int] = whole_world  # ranks that split the global batch
-    check_options: OptionCheck = no_checks
-    zero: ZeroRung | None = None  # the ZeRO rung, for strategies on the ZeRO ladder
-    # How a layer's activations split over ranks at the same per-rank batch (costs.activations):
-    # "none" (whole on every rank), "tp" (Megatron TP), "tp_sp" (TP + sequence parallel, shard saved),
-    # "tp_sp_gathered" (TP + SP keeping the all-gathered column inputs, as DTensor does).
-    activation_split: str = "none"
+    check_options: OptionCheck = only_options()
+    micro_batch_rows: Callable[[int], int] | None = None  # rows the implementation runs of a micro-batch, if fewer
     # False when the communication a run times is only part of its plan (what overlap left exposed, or
     # one group's collectives), so it cannot be held against a model of all of it (tables.communication).
     comm_timed_in_full: bool = True
-    # How a run of this strategy maps onto the planner's Plan (costs.plan): None = data parallel over
-    # every rank, on the ZeRO rung of `zero` when set; plain PyTorch ("torch") unless a layout says.
-    layout: Layout | None = None
 
     def plan_fields(self, world: int, options: dict) -> dict:
-        """The planner's view of a run: Plan fields (degrees, schedule, ZeRO stage) for `world` ranks."""
-        if self.layout is not None:
-            return {"framework": "torch", **self.layout(world, options)}
-        return {"dp": world, **(rung_fields(self.zero) if self.zero is not None else {"framework": "torch"})}
+        """The Plan fields of a run on `world` ranks (plain PyTorch unless the strategy says)."""
+        return {"framework": "torch", **self.plan(1 if self.single_process else world, options)}
+
+    def run_plan(self, exp: dict, world: int) -> Plan:
+        """The whole Plan of this strategy's run in `exp` on `world` ranks."""
+        fields = self.plan_fields(world, self.options(exp))
+        n_micro = fields.pop("micro_batches", None)
+        training = exp["training"]
+        local = training["global_batch_size"] // fields.get("dp", 1)
+        rows = local // n_micro if n_micro else min(training.get("micro_batch_size") or local, local)
+        rows = self.micro_batch_rows(rows) if self.micro_batch_rows else rows
+        return Plan(**fields, micro_batch=rows, dtype=training["dtype"], optimizer=training["optimizer"])
+
+    def run_model(self, model: ModelShape, exp: dict) -> ModelShape:
+        """The model shape this strategy trains in `exp`, from the experiment's."""
+        return model if self.model is None else self.model(model, self.options(exp))
+
+    def data_parallel_size(self, world: int, options: dict) -> int:
+        """Ranks that split the global batch."""
+        return self.plan_fields(world, options).get("dp", 1)
 
     def options(self, exp: dict) -> dict:
         return exp.get("strategy_options", {}).get(self.name, {})
+
+    def option_field(self, where: str, key: str | None = None) -> str:
+        """The config path of this strategy's options in the experiment at `where` (or of one of them)."""
+        return f"{where}.strategy_options.{self.name}" + (f".{key}" if key else "")
 
     def world_size(self, exp: dict) -> int | str:
         """Processes a run of this strategy uses in `exp` ('auto' until the launcher counts devices)."""
         return 1 if self.single_process else self.options(exp).get("world_size", exp["launch"]["world_size"])
 
     def check(self, exp: dict, where: str, world: int | str | None = None) -> None:
-        """Every check of this strategy in `exp`; `world` overrides 'auto' once it is known (launch)."""
+        """Every check of this strategy in `exp` (at `where`, "experiments.<name>"); `world` overrides
+        'auto' once it is known (launch)."""
         world = self.world_size(exp) if world is None else world
-        self.check_options(exp, f"{where}.strategy_options.{self.name}", world)
+        self.check_options(self, exp, where, world)
         if world == "auto":
             return  # checked again at launch, once the device count is known
         training = exp["training"]
@@ -102,3 +146,4 @@ class StrategySpec:
     def load(self):
         module, cls = self.target.split(":")
         return getattr(importlib.import_module(module), cls)
+

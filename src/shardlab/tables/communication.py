@@ -37,8 +37,10 @@ import pandas as pd
 
 from shardlab.costs.alpha_beta import models_from_table
 from shardlab.costs.comm_volume import Call, bytes_per_rank
+from shardlab.costs.plan import Workload
+from shardlab.costs.predict import collectives
 from shardlab.costs.network import LINKS, MEASURED_LINK, Link, link_models, plan_seconds
-from shardlab.costs.shapes import ModelShape, StepShape
+from shardlab.costs.shapes import ModelShape
 from shardlab.strategies import REGISTRY, get_spec
 from shardlab.tables import TableInputs
 
@@ -67,14 +69,12 @@ def run_world(run: dict, exp: dict | None) -> int | None:
 
 
 def run_plan(run: dict, exp: dict, shape: ModelShape | None) -> list[Call] | None:
-    """The calls the run's strategy makes per step (its registry plan); None when the model shape is unknown."""
+    """The calls the run's Plan makes per step (`costs.predict.collectives`); None when the model shape is unknown."""
     world = run_world(run, exp)
     if shape is None or world is None:
         return None
-    if world < 2:
-        return []  # one process communicates nothing
     spec = get_spec(run["strategy"])
-    return spec.comm_plan(shape, StepShape.from_training(exp["training"]), world, spec.options(exp))
+    return collectives(spec.run_model(shape, exp), spec.run_plan(exp, world), Workload.from_training(exp["training"]))
 
 
 def run_plans(runs: pd.DataFrame, inputs: TableInputs) -> Plans:
@@ -189,14 +189,17 @@ def whatif_table(share: pd.DataFrame, plans: Plans, fits: pd.DataFrame, links: l
 
 # The study's scale: the Pythia-6.9B shape it fine-tunes, on 8 ranks, bf16 activations, 32 sequences of 2048
 # tokens per step in micro-batches of 1. Communication only: no compute time exists at this scale here.
-PROJECTION_LABEL = "Pythia-6.9B shape, 8 ranks, 32 x 2048 tokens/step, bf16 activations, fp32 gradients"
+PROJECTION_LABEL = "Pythia-6.9B shape, 8 ranks, 32 x 2048 tokens/step, bf16 (gradients as each framework sends them)"
 PROJECTION_MODEL = ModelShape(vocab_size=50432, hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=16384)
-PROJECTION_STEP = StepShape(global_batch=32, seq_len=2048, micro_batch=1, activation_bytes=2)
+PROJECTION_TRAINING = {"global_batch_size": 32, "seq_len": 2048, "micro_batch_size": 1, "dtype": "bf16",
+                       "optimizer": "adamw"}
 
 
 def projection_plans(world: int) -> dict[str, list[Call]]:
-    """Every registered multi-process strategy's plan at the study's scale, with its default options."""
-    return {name: spec.comm_plan(PROJECTION_MODEL, PROJECTION_STEP, world, {})
+    """Every registered multi-process strategy's calls at the study's scale, with its default options."""
+    exp = {"training": PROJECTION_TRAINING}
+    return {name: collectives(spec.run_model(PROJECTION_MODEL, exp), spec.run_plan(exp, world),
+                              Workload.from_training(PROJECTION_TRAINING))
             for name, spec in REGISTRY.items() if not spec.single_process}
 
 

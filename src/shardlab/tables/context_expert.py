@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.strategies import REGISTRY
+from shardlab.strategies import REGISTRY, Family
 from shardlab.tables import TableInputs
 
-CONTEXT, EXPERT, DATA = "context parallel", "expert parallel", "data parallel"  # registry families
+CONTEXT, EXPERT, DATA = Family.CONTEXT_PARALLEL, Family.EXPERT_PARALLEL, Family.DATA_PARALLEL
 CP_COLUMNS = ["experiment", "strategy", "status", "seq_len", "global_batch_size", "cp_size", "rank",
               "activation_bytes", "param_bytes", "tokens_per_s", "step_time_median_s", "final_loss"]
 CP_RUN_COLUMNS = ["experiment", "strategy", "seq_len", "cp_size", "run", "activation_bytes_per_rank", "tokens_per_s"]

@@ -26,7 +26,8 @@ import pandas as pd
 from shardlab.core.timing import run_to_run_sigma, throughput_ratio, timed_times, with_run_noise
 from shardlab.costs.alpha_beta import models_from_table
 from shardlab.costs.network import plan_seconds
-from shardlab.costs.shapes import StepShape
+from shardlab.costs.plan import Workload
+from shardlab.costs.predict import collectives
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 
@@ -161,7 +162,7 @@ def bucket_rows(inputs: TableInputs, times: dict) -> pd.DataFrame:
         if strategy != BUCKETED or run["status"] != "ok" or shape is None:
             continue
         spec = REGISTRY[strategy]
-        plan = spec.comm_plan(shape, StepShape.from_training(exp["training"]), run["world_size"], spec.options(exp))
+        plan = collectives(shape, spec.run_plan(exp, run["world_size"]), Workload.from_training(exp["training"]))
         ddp = _rate(by_run.get((experiment, PRODUCTION)))
         low, high = interval(times, experiment, strategy, PRODUCTION)
         ratio = _ratio(run["tokens_per_s"], ddp)

@@ -193,6 +193,12 @@ def noise_floor(by_run: dict, experiment: str, strategy: str, dtype: str) -> flo
     return None if None in distances else max(distances)
 
 
+def rule_rows() -> pd.DataFrame:
+    """The rule's constants, one row: what the report states the rule to be (it reads tables, not code)."""
+    return pd.DataFrame([{"confidence": CONFIDENCE, "a_priori_limit": A_PRIORI_LIMIT, "noise_multiple": NOISE_MULTIPLE,
+                          "ceiling": CEILING}])
+
+
 def parity_rows(summaries: list[dict], experiments: dict[str, dict]) -> pd.DataFrame:
     """One row per run that has a reference (its registry `reference`, same experiment), noise-floor runs
     aside: the largest per-step loss deviation, the tolerance for its dtype and size (with the noise floor

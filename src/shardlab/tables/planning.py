@@ -17,14 +17,13 @@ from __future__ import annotations
 import pandas as pd
 
 from shardlab.costs import crosscheck, published
-from shardlab.costs.memory import ZERO_LADDER
 from shardlab.costs.plan import Plan
 from shardlab.costs.planner import Scenario, known_models, model_shape, scenarios
-from shardlab.costs.predict import Prediction, evaluate
-from shardlab.costs.rank_memory import MEMORY_CATEGORIES
+from shardlab.costs.predict import MEMORY_CATEGORIES, Prediction, evaluate
 from shardlab.costs.search import SearchResult, search
 from shardlab.costs.zero_tree import DEFAULT_HEADROOM, data_parallel_plan, feasibility
 from shardlab.core.pool import ordered_map
+from shardlab.strategies.zero import deepspeed_ladder
 from shardlab.tables import TableInputs
 
 GB = 1e9
@@ -84,9 +83,10 @@ def zero_ladder_rows(s: Scenario, micro_batch: int) -> list[dict]:
     """Each ZeRO rung on the scenario's GPUs as pure data parallelism: the decision tree's verdict
     (model states only, 25 % headroom) beside the full planner's (activations included)."""
     device = s.cluster.device
-    tree = {r["rung"]: r for r in feasibility(s.model.parameters(), s.cluster.gpus, device["hbm_gb"] * GB)}
+    ladder = deepspeed_ladder()
+    tree = {r["rung"]: r for r in feasibility(ladder, s.model.parameters(), s.cluster.gpus, device["hbm_gb"] * GB)}
     rows = []
-    for rung, facts in ZERO_LADDER.items():
+    for rung, facts in ladder.items():
         plan = Plan(**{**data_parallel_plan(facts, s.cluster.gpus, "bf16", "adamw").as_dict(), "micro_batch": micro_batch})
         p = evaluate(s.model, plan, s.cluster, s.workload)
         full = prediction_row(p) if isinstance(p, Prediction) else {"fits": False, "why": p}

@@ -26,12 +26,10 @@ import numpy as np
 import pandas as pd
 
 from shardlab.core.timing import run_to_run_sigma
-from shardlab.costs import memory, rank_memory
 from shardlab.costs.alpha_beta import models_from_table
 from shardlab.costs.plan import Cluster, Plan, Workload
-from shardlab.costs.predict import Prediction, evaluate
-from shardlab.strategies import REGISTRY
-from shardlab.strategies.expert_parallel.options import moe_settings
+from shardlab.costs.predict import Prediction, evaluate, rank_activations, rank_states
+from shardlab.strategies import REGISTRY, Family
 from shardlab.tables import TableInputs
 
 MACHINE = "CPU (calibrated)"
@@ -40,21 +38,10 @@ STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 
 
 def run_setting(summary: dict, exp: dict, inputs: TableInputs) -> tuple:
-    """(model shape, plan, workload) of a finished run as the planner sees it."""
+    """(model shape, plan, workload) of a finished run as the cost model sees it (the registry's Plan)."""
     spec = REGISTRY[summary["strategy"]]
-    options = spec.options(exp)
-    model = inputs.model_shape(exp)
-    if spec.family == "expert parallel":
-        moe = moe_settings(options)
-        model = type(model)(**{**model.__dict__, "num_experts": moe["num_experts"], "top_k": moe["top_k"],
-                               "expert_intermediate": moe["expert_intermediate_size"] or model.intermediate_size // moe["top_k"]})
-    fields = spec.plan_fields(summary["world_size"], options)
-    n_micro = fields.pop("micro_batches", None)
-    training = exp["training"]
-    local = training["global_batch_size"] // fields["dp"]
-    rows = local // n_micro if n_micro else min(training.get("micro_batch_size") or local, local)
-    plan = Plan(**fields, micro_batch=rows, dtype=training["dtype"], optimizer=training["optimizer"], attention="flash")
-    return model, plan, Workload(training["global_batch_size"], training["seq_len"])
+    model = spec.run_model(inputs.model_shape(exp), exp)
+    return model, spec.run_plan(exp, summary["world_size"]), Workload.from_training(exp["training"])
 
 
 def this_machine(world: int, collectives: dict, fp32_tflops: float = 1.0) -> Cluster:
@@ -73,22 +60,11 @@ def calibrated_tflops(reference: dict, setting: tuple, collectives: dict) -> flo
     return unit.time["compute"] / max(reference["step_time_median_s"] - other, 1e-9)
 
 
-def exact_tensors(model, plan: Plan) -> tuple | None:
-    """The parameter shapes, where the plan leaves every tensor whole on its data-parallel ranks."""
-    if plan.tp == plan.pp == plan.ep == 1 and not model.num_experts:
-        return tuple(map(tuple, memory.parameter_shapes(model)))
-    return None
-
-
 def predicted_memory(model, plan: Plan, workload: Workload) -> tuple[float, float]:
     """(model-state bytes, activation bytes) of the fullest rank."""
-    tensors = exact_tensors(model, plan)
-    states, activations = [], []
-    for rank in sorted({0, plan.pp - 1}):
-        dense, experts = rank_memory.rank_parameters(model, plan, rank)
-        states.append(rank_memory.model_states(plan, dense, experts, tensors).total_bytes)
-        activations.append(rank_memory.activation_bytes(model, plan, workload, rank))
-    return max(states), max(activations)
+    ranks = range(plan.world)
+    return (max(rank_states(model, plan, r).total_bytes for r in ranks),
+            max(rank_activations(model, plan, workload, r) for r in ranks))
 
 
 def _err(measured, predicted) -> float:
@@ -103,7 +79,7 @@ def concurrency(inputs: TableInputs) -> tuple[dict[int, float], set]:
     for (experiment, strategy), s in ok.items():
         spec = REGISTRY[strategy]
         reference = ok.get((experiment, spec.reference))
-        if (spec.family != "data parallel" or not spec.comm_timed_in_full or s.get("comm_time_median_s") is None
+        if (spec.family != Family.DATA_PARALLEL or not spec.comm_timed_in_full or s.get("comm_time_median_s") is None
                 or reference is None or s is reference):
             continue
         compute = s["step_time_median_s"] - s["comm_time_median_s"]

@@ -8,6 +8,7 @@
 - activations: one row per run rank module (bytes saved for backward)
 - parity: one row per parallel run: its largest loss deviation from its reference run (same
   experiment) against the rounding tolerance of `tables.parity` (a bound, or its measured noise floor)
+- parity_rule: the rule's constants (one row), for the report
 - parity_sensitivity (when the study has `parity_sensitivity`): the same rule against errors injected
   on purpose, per dtype (`bench.parity_sensitivity`)
 - environments: the distinct software/hardware environments the finished runs ran in
@@ -21,9 +22,10 @@ import json
 import pandas as pd
 
 from shardlab.core.timing import timed_steps
+from shardlab.costs.predict import rank_states
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
-from shardlab.tables.parity import parity_rows, sensitivity_rows
+from shardlab.tables.parity import parity_rows, rule_rows, sensitivity_rows
 
 RUN_KEYS = ("experiment", "strategy", "status")
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
@@ -43,7 +45,7 @@ def _scalars(d: dict, prefix: str = "") -> dict:
 
 
 def predicted_states(summary: dict, inputs: TableInputs) -> list[dict]:
-    """The registry's per-rank model-state prediction for a finished run ([] when it cannot say)."""
+    """The cost model's per-rank model-state prediction for a finished run's Plan ([] when it cannot say)."""
     exp = inputs.experiments.get(summary.get("experiment"))
     if not exp or summary.get("status") != "ok":
         return []
@@ -51,9 +53,9 @@ def predicted_states(summary: dict, inputs: TableInputs) -> list[dict]:
     if shape is None:
         return []
     spec = REGISTRY[summary["strategy"]]
-    training = exp["training"]
-    states = spec.model_states(shape, summary["world_size"], spec.options(exp), training["dtype"], training["optimizer"])
-    return [{f"predicted_{key}": getattr(s, key) for key in STATES} for s in states]
+    plan, model = spec.run_plan(exp, summary["world_size"]), spec.run_model(shape, exp)
+    return [{f"predicted_{key}": getattr(rank_states(model, plan, r), key) for key in STATES}
+            for r in range(summary["world_size"])]
 
 
 def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], list[dict], list[dict]]:
@@ -132,6 +134,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         "activations": pd.DataFrame(activations, columns=[*RUN_KEYS, "rank", "module", "bytes"]),
     }
     tables["parity"] = parity_rows(inputs.summaries, inputs.experiments)
+    tables["parity_rule"] = rule_rows()
     if "parity_sensitivity_losses" in inputs.tables:  # the rule against injected errors (bench.parity_sensitivity)
         tables["parity_sensitivity"] = sensitivity_rows(inputs.tables["parity_sensitivity_losses"], inputs.experiments)
     tables["environments"] = environments(tables["runs"])

@@ -38,15 +38,6 @@ CATEGORIES = ["param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"
 MEMORY_COLUMNS = ["tp_experiment", "experiment", "strategy", "family", "topic", "run", "ranks", *CATEGORIES]
 
 
-def probed_micro_batch(exp: dict, strategy: str, world_size: int) -> int:
-    """Sequences per forward on one rank: the global batch over the data-parallel ranks, cut by the
-    micro-batch when gradient accumulation is on (what the activation probe saw)."""
-    spec = REGISTRY[strategy]
-    training = exp["training"]
-    local = training["global_batch_size"] // spec.data_parallel_size(world_size, spec.options(exp))
-    return min(local, training.get("micro_batch_size") or local)
-
-
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
@@ -58,9 +49,11 @@ def activation_rows(summary: dict, inputs: TableInputs) -> list[dict]:
     shape = inputs.model_shape(exp)
     if shape is None:
         raise ValueError(f"no model shape for {exp['model']['name']}: its model record has no 'shape'")
-    split = REGISTRY[summary["strategy"]].activation_split
-    dims = {"s": exp["training"]["seq_len"], "b": probed_micro_batch(exp, summary["strategy"], summary["world_size"]),
-            "h": shape.hidden_size, "a": shape.num_heads, "n_layers": shape.num_layers}
+    plan = REGISTRY[summary["strategy"]].run_plan(exp, summary["world_size"])
+    split = plan.activation_split
+    # What the activation probe saw: one micro-batch on one rank, stored at the run's precision.
+    dims = {"s": exp["training"]["seq_len"], "b": plan.micro_batch, "h": shape.hidden_size, "a": shape.num_heads,
+            "n_layers": shape.num_layers, "intermediate": shape.intermediate_size, "precision": plan.activation_precision}
     rows = []
     for rank in summary["ranks"]:
         for row in comparison_rows(split, rank.get("activation_by_module") or {}, dims, t=summary["world_size"]):

@@ -23,8 +23,7 @@ import numpy as np
 import pandas as pd
 
 from shardlab.core.timing import run_to_run_sigma, throughput_ratio, with_run_noise
-from shardlab.costs.memory import ZERO_LADDER
-from shardlab.strategies import NOISE_RUNS
+from shardlab.strategies import NOISE_RUNS, REGISTRY, Family
 from shardlab.tables import TableInputs
 from shardlab.tables.runs import compute_units, unequal_compute
 
@@ -36,13 +35,36 @@ CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "ratio", "ratio_low"
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not decidable"
 STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
 
-# The plain rungs of the ladder (offload moves bytes off the device), in order: ZeRO-0 .. ZeRO-3.
-LADDER = tuple(name for name, rung in ZERO_LADDER.items() if not (rung.offload_optimizer or rung.offload_param))
+
+
+def plain_ladder() -> tuple[str, ...]:
+    """DeepSpeed's rungs that keep everything on the device, by ZeRO stage: the least sharding first,
+    the most last (roles resolved from the registry's Plan fields, not from names)."""
+    rungs = {name: spec.plan_fields(2, {}) for name, spec in REGISTRY.items() if spec.family == Family.ZERO}
+    plain = {n: f["zero"] for n, f in rungs.items() if f["framework"] == "deepspeed" and f.get("offload", "none") == "none"}
+    return tuple(sorted(plain, key=plain.get))
+
+
+def hand_written_pair(kind: str) -> tuple[str, str]:
+    """(the hand-written data-parallel strategy of `kind`, its production twin): "naive" is the one
+    whose plan all-reduces once, "interleaved" the one that buckets by layer."""
+    for name, spec in REGISTRY.items():
+        if spec.family == Family.DATA_PARALLEL and spec.twin:
+            bucketed = spec.plan_fields(2, {}).get("grad_bucket_mb") is not None
+            if bucketed == (kind == "interleaved"):
+                return name, spec.twin
+    raise LookupError(f"no hand-written {kind} data-parallel strategy in the registry")
+
+
+LADDER = plain_ladder()
+NAIVE, PRODUCTION = hand_written_pair("naive")
+INTERLEAVED, _ = hand_written_pair("interleaved")
 # (claim, statement, faster strategy, slower strategy): "faster beats slower in tokens/s".
 SPEED_CLAIMS = [
-    ("1a", "Interleaved data parallelism beats naive data parallelism in throughput", "dp_interleaved", "dp_naive"),
-    ("1b", "PyTorch DDP beats naive data parallelism in throughput", "ddp", "dp_naive"),
-    ("2b", "ZeRO-3 loses throughput to its extra communication (ZeRO-0 is faster)", LADDER[0], LADDER[-1]),
+    ("1a", "Interleaved data parallelism beats naive data parallelism in throughput", INTERLEAVED, NAIVE),
+    ("1b", "PyTorch DDP beats naive data parallelism in throughput", PRODUCTION, NAIVE),
+    ("2b", "The most sharded ZeRO rung loses throughput to its extra communication (the least sharded is faster)",
+     LADDER[0], LADDER[-1]),
 ]
 
 
@@ -103,7 +125,7 @@ def growth_row(speed: list[dict], runs: pd.DataFrame) -> dict:
 
 
 def zero_memory_rows(zero: pd.DataFrame | None) -> list[dict]:
-    statement = "ZeRO-3 holds the least model-state memory per rank of the ZeRO ladder"
+    statement = "The most sharded ZeRO rung holds the least model-state memory per rank of the ladder"
     if zero is None or zero.empty:
         return [_row("2a", statement, None, "model-state bytes per rank", None, UNDECIDED, "no ZeRO experiment ran")]
     rows = []

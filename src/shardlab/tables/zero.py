@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.costs.memory import host_bytes, parameter_shapes, predict
+from shardlab.costs.memory import host_bytes
+from shardlab.costs.predict import rank_states, stage_states
 from shardlab.costs.zero_tree import DEFAULT_HEADROOM, choose, feasibility
-from shardlab.strategies import REGISTRY
+from shardlab.strategies import REGISTRY, Family
+from shardlab.strategies.zero import deepspeed_ladder
 from shardlab.tables import TableInputs
 
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
@@ -30,25 +32,24 @@ PLAN_GPUS = [1, 2, 4, 8, 16, 64]
 
 
 def _on_ladder(summary: dict) -> bool:
-    return REGISTRY[summary["strategy"]].zero is not None
+    return REGISTRY[summary["strategy"]].family == Family.ZERO
 
 
-def memory_rows(summaries: list[dict], training: dict, shape=None) -> list[dict]:
-    """`shape`: the experiment's ModelShape, for the exact per-rank prediction (DeepSpeed's padding and
-    partition boundaries, FSDP2's chunks); without it, the even split."""
-    tensors = parameter_shapes(shape) if shape is not None else None
+def memory_rows(summaries: list[dict], exp: dict, shape=None) -> list[dict]:
+    """`shape`: the experiment's ModelShape; per rank, the cost model's prediction for the run's Plan
+    (`costs.predict.rank_states`: DeepSpeed's padding and partition boundaries, FSDP2's chunks)."""
     rows = []
     for s in filter(_on_ladder, summaries):
-        strategy = s["strategy"]
-        base = {"experiment": s["experiment"], "strategy": strategy, "framework": REGISTRY[strategy].zero.framework,
-                "status": s["status"],
+        spec = REGISTRY[s["strategy"]]
+        base = {"experiment": s["experiment"], "strategy": s["strategy"],
+                "framework": spec.plan_fields(1, spec.options(exp))["framework"], "status": s["status"],
                 "tokens_per_s": s.get("tokens_per_s"), "world_size": s.get("world_size")}
-        if s["status"] != "ok":
+        if s["status"] != "ok" or shape is None:
             rows.append(dict(base, rank=None))
             continue
+        plan = spec.run_plan(exp, s["world_size"])
         for rank in s["ranks"]:
-            want = predict(strategy, s["model"]["parameters"], s["world_size"], training["dtype"], training["optimizer"],
-                           tensors=tensors, rank=rank["rank"] if tensors else None)
+            want = rank_states(spec.run_model(shape, exp), plan, rank["rank"])
             row = dict(base, rank=rank["rank"])
             for key in STATES:
                 predicted = getattr(want, key)
@@ -56,7 +57,7 @@ def memory_rows(summaries: list[dict], training: dict, shape=None) -> list[dict]
                 row[f"predicted_{key}"] = predicted
                 row[f"error_{key}_pct"] = 100 * (rank[key] - predicted) / predicted if predicted else 0.0
             measured = sum(rank[k] for k in STATES)
-            host = host_bytes(REGISTRY[strategy].zero, *(rank[k] for k in STATES))
+            host = host_bytes(plan.offload, *(rank[k] for k in STATES))
             row.update(measured_model_state_bytes=measured, predicted_model_state_bytes=want.total_bytes,
                        error_model_state_pct=100 * (measured - want.total_bytes) / want.total_bytes,
                        measured_device_bytes=measured - host, measured_host_bytes=host,
@@ -72,10 +73,10 @@ def device_memory(summaries: list[dict]) -> float | None:
     return max(seen) if seen else None
 
 
-def tree_check_rows(summaries: list[dict], training: dict, n_params: int | None, device_mem: float | None,
+def tree_check_rows(summaries: list[dict], exp: dict, shape, device_mem: float | None,
                     budget: float | None = None, headroom: float = DEFAULT_HEADROOM) -> list[dict]:
-    """Does the memory model place each run on the right side of the device memory? `n_params` from
-    the model record, so failed runs (which carry no model) are checked too.
+    """Does the memory model place each run on the right side of the device memory? The experiment's
+    model `shape`, so failed runs (which carry no model) are checked too.
 
     Without a `budget` the device is the machine's and the run's outcome is the truth: a rung the tree
     calls feasible must have run, one it rules out must have run out of memory. With a budget (a
@@ -84,19 +85,20 @@ def tree_check_rows(summaries: list[dict], training: dict, n_params: int | None,
     memory = budget or device_mem
     rows = []
     for s in filter(_on_ladder, summaries):
-        if s["status"] not in ("ok", "oom") or memory is None or not n_params or not s.get("world_size"):
+        if s["status"] not in ("ok", "oom") or memory is None or shape is None or not s.get("world_size"):
             continue  # a run that failed for another reason says nothing about memory
         strategy = s["strategy"]
-        states = predict(strategy, n_params, s["world_size"], training["dtype"], training["optimizer"])
+        plan = REGISTRY[strategy].run_plan(exp, s["world_size"])
+        states = stage_states(shape, plan, 0)  # the even split: what the decision tree assumes
         usable = memory * (1 - headroom)
         row = {"experiment": s["experiment"], "strategy": strategy, "world_size": s["world_size"],
-               "parameters": n_params, "device_memory_bytes": memory, "budgeted": budget is not None,
+               "parameters": shape.parameters(), "device_memory_bytes": memory, "budgeted": budget is not None,
                "headroom": headroom, "predicted_device_peak_bytes": states.device_peak_bytes,
                "tree_says_fits": states.device_peak_bytes <= usable, "outcome": s["status"]}
         if budget is None:  # the tree's verdict (model states at their peak) against the outcome
             row.update(evidence="outcome", predicted_fits=row["tree_says_fits"], fits=s["status"] == "ok")
         elif s["status"] == "ok":  # steady device-resident model states, predicted against measured
-            held = max(sum(r[k] for k in STATES) - host_bytes(REGISTRY[strategy].zero, *(r[k] for k in STATES))
+            held = max(sum(r[k] for k in STATES) - host_bytes(plan.offload, *(r[k] for k in STATES))
                        for r in s["ranks"])
             predicted = states.total_bytes - states.offloaded_bytes
             row.update(evidence="measured device bytes", predicted_device_bytes=predicted, measured_device_bytes=held,
@@ -111,7 +113,7 @@ def plan_rows(gpu_mem: float = 80e9, dtype: str = "bf16", optimizer: str = "adam
     rows = []
     for n_params in PLAN_PARAMS:
         for gpus in PLAN_GPUS:
-            choice = choose(feasibility(n_params, gpus, gpu_mem, dtype, optimizer))
+            choice = choose(feasibility(deepspeed_ladder(), n_params, gpus, gpu_mem, dtype, optimizer))
             rows.append({"parameters": n_params, "gpus": gpus, "gpu_memory_bytes": gpu_mem,
                          "headroom": DEFAULT_HEADROOM, "choice": choice or "none (needs TP/PP)"})
     return rows
@@ -143,8 +145,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     for name, exp in inputs.experiments.items():
         summaries = [s for s in inputs.summaries if s["experiment"] == name]
         shape = inputs.model_shape(exp)
-        memory += memory_rows(summaries, exp["training"], shape)
-        check += tree_check_rows(summaries, exp["training"], shape and shape.parameters(), device_memory(summaries),
+        memory += memory_rows(summaries, exp, shape)
+        check += tree_check_rows(summaries, exp, shape, device_memory(summaries),
                                  exp.get("launch", {}).get("device_memory_budget_bytes"))
     memory, check = pd.DataFrame(memory), pd.DataFrame(check)
     rungs = rung_rows(memory)

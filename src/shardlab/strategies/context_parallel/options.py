@@ -5,15 +5,14 @@ from __future__ import annotations
 from shardlab.errors import ConfigError
 
 
-def check_cp_options(exp: dict, where: str, cp: int | str) -> None:
-    unknown = set(exp.get("strategy_options", {}).get("cp_ring", {})) - {"world_size"}
+def check_cp_options(spec, exp: dict, where: str, cp: int | str) -> None:
+    unknown = set(spec.options(exp)) - {"world_size"}
     if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown option for cp_ring (known: world_size)")
+        raise ConfigError(spec.option_field(where, sorted(unknown)[0]), f"unknown option for {spec.name} (known: world_size)")
     if cp == "auto":
         return  # checked again by the sharding code once the world size is known
     seq_len = exp["training"]["seq_len"]
     if seq_len % (2 * cp):
-        experiment = where.split(".strategy_options")[0]
-        raise ConfigError(f"{experiment}.training.seq_len",
+        raise ConfigError(f"{where}.training.seq_len",
                           f"{seq_len} is not divisible by 2 x {cp} context-parallel ranks = {2 * cp}: zig-zag "
                           f"sharding gives each rank two equal chunks (use a multiple of {2 * cp})")

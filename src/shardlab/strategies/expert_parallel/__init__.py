@@ -7,32 +7,29 @@ dispatch/return all-to-all; `strategy` plugs both into the shared training loop.
 
 from __future__ import annotations
 
-from shardlab.costs.comm_volume import expert_parallel
-from shardlab.costs.memory import unsharded
-from shardlab.costs.shapes import moe_parameters
+from dataclasses import replace
+
+from shardlab.costs.shapes import ModelShape
 from shardlab.strategies.expert_parallel.options import check_moe_options, moe_settings
-from shardlab.strategies.spec import StrategySpec, one
+from shardlab.strategies.spec import Family, StrategySpec
 
 TOPIC = "context_expert"
 
 
-def _states(model, world, options, dtype, optimizer):
+def moe_model(model: ModelShape, options: dict) -> ModelShape:
+    """The experiment's model with every MLP a top-k mixture of GPT-NeoX MLPs (`moe`; width
+    `expert_intermediate_size`, default intermediate / top_k) behind a bias-free router."""
     moe = moe_settings(options)
-    local = moe_parameters(model, moe["num_experts"], moe["top_k"], moe["expert_intermediate_size"], ep=world)
-    return [unsharded(local, dtype, optimizer)] * world
-
-
-def _plan(model, step, world, options):
-    return expert_parallel(model, step, world, moe_settings(options)["top_k"]) if world > 1 else []
+    width = moe["expert_intermediate_size"] or model.intermediate_size // moe["top_k"]
+    return replace(model, num_experts=moe["num_experts"], top_k=moe["top_k"], expert_intermediate=width)
 
 
 SPECS = [
-    StrategySpec("moe_single", "shardlab.strategies.expert_parallel.strategy:MoESingle", "expert parallel", TOPIC,
-                 "The mixture-of-experts model in one process: the reference for ep_moe.", _plan, _states,
-                 reference="moe_single", single_process=True, data_parallel_size=one,
+    StrategySpec("moe_single", "shardlab.strategies.expert_parallel.strategy:MoESingle", Family.EXPERT_PARALLEL,
+                 TOPIC, "The mixture-of-experts model in one process: the reference for ep_moe.", model=moe_model,
+                 reference="moe_single", single_process=True, check_options=check_moe_options),
+    StrategySpec("ep_moe", "shardlab.strategies.expert_parallel.strategy:ExpertParallelMoE", Family.EXPERT_PARALLEL,
+                 TOPIC, "Mixture of experts with experts sharded over ranks; tokens dispatched by uneven all-to-all.",
+                 plan=lambda world, options: {"dp": world, "ep": world}, model=moe_model, reference="moe_single",
                  check_options=check_moe_options),
-    StrategySpec("ep_moe", "shardlab.strategies.expert_parallel.strategy:ExpertParallelMoE", "expert parallel", TOPIC,
-                 "Mixture of experts with experts sharded over ranks; tokens dispatched by uneven all-to-all.",
-                 _plan, _states, reference="moe_single", check_options=check_moe_options,
-                 layout=lambda world, options: {"dp": world, "ep": world}),
 ]

@@ -14,25 +14,24 @@ def moe_settings(options: dict) -> dict:
     return {key: options.get(key, default) for key, default in MOE_DEFAULTS.items()}
 
 
-def check_moe_options(exp: dict, where: str, ranks: int | str) -> None:
-    strategy = where.rsplit(".", 1)[-1]
-    options = exp.get("strategy_options", {}).get(strategy, {})
+def check_moe_options(spec, exp: dict, where: str, ranks: int | str) -> None:
+    options = spec.options(exp)
+    field = lambda key=None: spec.option_field(where, key)  # noqa: E731
     unknown = set(options) - set(MOE_DEFAULTS) - {"world_size"}
     if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}", f"unknown option (known: {', '.join(MOE_DEFAULTS)}, world_size)")
+        raise ConfigError(field(sorted(unknown)[0]), f"unknown option (known: {', '.join(MOE_DEFAULTS)}, world_size)")
     s = moe_settings(options)
     if not isinstance(s["num_experts"], int) or s["num_experts"] < 1:
-        raise ConfigError(f"{where}.num_experts", "must be a positive integer")
+        raise ConfigError(field("num_experts"), "must be a positive integer")
     if not isinstance(s["top_k"], int) or not 1 <= s["top_k"] <= s["num_experts"]:
-        raise ConfigError(f"{where}.top_k", f"must be an integer between 1 and num_experts={s['num_experts']}")
+        raise ConfigError(field("top_k"), f"must be an integer between 1 and num_experts={s['num_experts']}")
     if not s["capacity_factor"] > 0:
-        raise ConfigError(f"{where}.capacity_factor", "must be positive")
-    if strategy == "ep_moe":
-        if ranks != "auto" and s["num_experts"] % int(ranks):
-            raise ConfigError(f"{where}.num_experts", f"{s['num_experts']} experts cannot be split evenly over {ranks} ranks")
+        raise ConfigError(field("capacity_factor"), "must be positive")
+    if not spec.single_process and ranks != "auto" and s["num_experts"] % int(ranks):
+        raise ConfigError(field("num_experts"), f"{s['num_experts']} experts cannot be split evenly over {ranks} ranks")
     # The reference must be the same model: both MoE strategies of an experiment share their settings.
-    others = [o for o in MOE_STRATEGIES if o != strategy and o in exp.get("strategies", [])]
+    others = [o for o in MOE_STRATEGIES if o != spec.name and o in exp.get("strategies", [])]
     for other in others:
         if moe_settings(exp.get("strategy_options", {}).get(other, {})) != s:
-            raise ConfigError(where, f"MoE settings differ from strategy_options.{other}; the unsharded "
-                                     f"reference must be the same model")
+            raise ConfigError(field(), f"MoE settings differ from strategy_options.{other}; the unsharded "
+                                       f"reference must be the same model")

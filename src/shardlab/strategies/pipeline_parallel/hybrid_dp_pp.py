@@ -31,7 +31,7 @@ class HybridDataPipeline(OneForwardOneBackward):
 
     def pipeline_group(self):
         pp = int(self.options.get("pp_size", DEFAULT_HYBRID_PP))
-        self.mesh = self.topo.mesh(dp=self.topo.world_size // pp, pp=pp)
+        self.mesh = self.topo.mesh(pp=pp, dp=self.topo.world_size // pp)  # Megatron order: dp inside pp
         return self.mesh["pp"].get_group(), self.mesh["pp"].get_local_rank(), pp
 
     @property

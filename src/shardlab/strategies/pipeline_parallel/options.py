@@ -18,43 +18,37 @@ def pipeline_size(world: int, options: dict, hybrid: bool) -> int:
     return int(options.get("pp_size", DEFAULT_HYBRID_PP)) if hybrid else world
 
 
-def data_parallel_size(hybrid: bool):
-    def size(world: int, options: dict) -> int:
-        return world // pipeline_size(world, options, hybrid) if hybrid else 1
-
-    return size
-
-
 def checker(virtual_stages: int, needs_m_ge_stages: bool, interleaved: bool = False, hybrid: bool = False):
     """check_options(exp, where, world) for one pipeline strategy; raises ConfigError naming the field."""
 
-    def check(exp: dict, where: str, world: int | str) -> None:
-        options = exp.get("strategy_options", {}).get(where.rsplit(".", 1)[-1], {})
+    def check(spec, exp: dict, where: str, world: int | str) -> None:
+        options = spec.options(exp)
+        field = lambda key=None: spec.option_field(where, key)  # noqa: E731
         for key in options:
             if key not in KNOWN or (key == "pp_size" and not hybrid):
-                raise ConfigError(f"{where}.{key}", "unknown pipeline option")
+                raise ConfigError(field(key), "unknown pipeline option")
         m = options.get("n_microbatches", DEFAULT_MICROBATCHES)
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-            raise ConfigError(f"{where}.n_microbatches", f"must be a positive integer, got {m!r}")
+            raise ConfigError(field("n_microbatches"), f"must be a positive integer, got {m!r}")
         if exp["training"].get("micro_batch_size"):
-            raise ConfigError(f"experiments.{exp['name']}.training.micro_batch_size",
+            raise ConfigError(f"{where}.training.micro_batch_size",
                               "pipeline strategies cut micro-batches themselves: set strategy_options.<pp strategy>.n_microbatches instead")
         if world == "auto":
             return  # checked again at launch
         pp = pipeline_size(world, options, hybrid)
         if hybrid and (pp < 2 or world % pp):
-            raise ConfigError(f"{where}.pp_size", f"{pp} must be >= 2 and divide the world size {world}")
+            raise ConfigError(field("pp_size"), f"{pp} must be >= 2 and divide the world size {world}")
         dp = world // pp if hybrid else 1
         local = exp["training"]["global_batch_size"] // dp
         if local % m:
-            raise ConfigError(f"{where}.n_microbatches", f"{m} does not divide the per-pipeline batch {local}")
+            raise ConfigError(field("n_microbatches"), f"{m} does not divide the per-pipeline batch {local}")
         stages = pp * virtual_stages
         if needs_m_ge_stages and m < stages:
-            raise ConfigError(f"{where}.n_microbatches", f"1F1B needs at least as many micro-batches as stages ({stages}), got {m}")
+            raise ConfigError(field("n_microbatches"), f"1F1B needs at least as many micro-batches as stages ({stages}), got {m}")
         if interleaved and m % max(1, m // pp):
-            raise ConfigError(f"{where}.n_microbatches", f"interleaved 1F1B needs n_microbatches divisible by max(1, n_microbatches // {pp}), got {m}")
+            raise ConfigError(field("n_microbatches"), f"interleaved 1F1B needs n_microbatches divisible by max(1, n_microbatches // {pp}), got {m}")
         layers = exp["model"].get("num_layers")
         if layers is not None and layers + 2 < stages:
-            raise ConfigError(f"{where}", f"{stages} pipeline stages cannot be cut from {layers} layers (+ embedding and head)")
+            raise ConfigError(field(), f"{stages} pipeline stages cannot be cut from {layers} layers (+ embedding and head)")
 
     return check

@@ -3,32 +3,23 @@ DTensor twins `tp_dtensor`/`tp_sp_dtensor`."""
 
 from __future__ import annotations
 
-from shardlab.costs.comm_volume import sequence_parallel, tensor_parallel
-from shardlab.costs.memory import ModelStates, MOMENT_BYTES
-from shardlab.strategies.spec import StrategySpec, one
+from shardlab.strategies.spec import Family, StrategySpec, all_of, only_options
 from shardlab.strategies.tensor_parallel.options import check_tp_options
 
 TOPIC = "tensor_parallel"
 
 
-def _states(dtensor: bool):
-    def states(model, world, options, dtype, optimizer):
-        local = model.tensor_parallel_parameters(world)
-        # Measured (torch 2.13): DTensor's vocabulary-sharded embedding gets a Replicate (whole) gradient.
-        grads = local + (model.embedding_parameters() * (world - 1) // world if dtensor else 0)
-        return [ModelStates(4 * local, 4 * grads, MOMENT_BYTES[optimizer] * local, 4 * grads, 0.0)] * world
-
-    return states
-
-
 def _spec(name: str, target: str, summary: str, sequence: bool, dtensor: bool, twin: str | None = None):
-    plan = sequence_parallel if sequence else tensor_parallel
-    split = ("tp_sp_gathered" if dtensor else "tp_sp") if sequence else "tp"
-    return StrategySpec(name, f"shardlab.strategies.tensor_parallel.{target}", "tensor parallel", TOPIC, summary,
-                        lambda model, step, world, options: plan(model, step, world), _states(dtensor), twin=twin,
-                        data_parallel_size=one, check_options=check_tp_options, activation_split=split,
-                        layout=lambda world, options: {"dp": 1, "tp": world, "sp": sequence,
-                                                       "sp_gathered_inputs": split == "tp_sp_gathered"})
+    # DTensor's SequenceParallel keeps the gathered column inputs, and its vocabulary-split embedding
+    # gets a Replicate (whole) gradient (measured, torch 2.13). Both gather the logits for the loss
+    # unless the hand-written one is asked for its vocabulary-parallel cross-entropy.
+    fields = {"sp": sequence, "sp_gathered_inputs": sequence and dtensor, "whole_embedding_grad": dtensor}
+    known = () if dtensor else ("parallel_cross_entropy",)
+    return StrategySpec(name, f"shardlab.strategies.tensor_parallel.{target}", Family.TENSOR_PARALLEL, TOPIC, summary,
+                        plan=lambda world, options: {"tp": world, **fields,
+                                                     "vocab_parallel_loss": bool(options.get("parallel_cross_entropy"))},
+                        twin=twin,
+                        check_options=all_of(only_options(*known), check_tp_options))
 
 
 SPECS = [

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from shardlab.strategies.base import Strategy, causal_lm_loss, build_optimizer
+from shardlab.strategies import get_spec
 from shardlab.strategies.zero.settings import deepspeed_config, rung_settings
 
 
@@ -73,9 +74,10 @@ class DeepSpeedZero(Strategy):
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-        self.settings = rung_settings(self.rung, self.options)
+        plan = get_spec(self.rung).plan_fields(self.topo.world_size, self.options)
+        self.settings = rung_settings(plan, self.options)
         n_params = sum(p.numel() for p in model.parameters())
-        self.ds_config = deepspeed_config(self.rung, self.training, self.options, self.dp_size, n_params)
+        self.ds_config = deepspeed_config(plan, self.training, self.options, self.dp_size, n_params)
         client = build_optimizer(model.parameters(), self.training)
         self.engine, self._ds_optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=client, config=self.ds_config, dist_init_required=False)

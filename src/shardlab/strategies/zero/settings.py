@@ -5,7 +5,6 @@ Importable without torch or DeepSpeed, so the registry can check a config before
 
 from __future__ import annotations
 
-from shardlab.costs.memory import ZERO_LADDER
 from shardlab.errors import ConfigError
 
 # Settings a run may override in `strategy_options.<rung>` (besides the launcher's `world_size`).
@@ -19,11 +18,11 @@ OPTION_DEFAULTS = {
 OFFLOAD_DEVICES = ("none", "cpu")
 
 
-def rung_settings(rung: str, options: dict) -> dict:
-    """The rung's settings with the run's overrides applied."""
-    facts = ZERO_LADDER[rung]
-    settings = {"stage": facts.stage, "offload_optimizer": "cpu" if facts.offload_optimizer else "none",
-                "offload_param": "cpu" if facts.offload_param else "none"}
+def rung_settings(plan: dict, options: dict) -> dict:
+    """The settings of a rung (its Plan fields: ZeRO stage, offload) with the run's overrides applied."""
+    offload = plan.get("offload", "none")
+    settings = {"stage": plan["zero"], "offload_optimizer": "none" if offload == "none" else "cpu",
+                "offload_param": "cpu" if offload == "optimizer+params" else "none"}
     for key, default in OPTION_DEFAULTS.items():
         value = options.get(key, default)
         if value is not None or key not in settings:
@@ -31,14 +30,14 @@ def rung_settings(rung: str, options: dict) -> dict:
     return settings
 
 
-def check_zero_options(exp: dict, where: str, world: int | str) -> None:
+def check_zero_options(spec, exp: dict, where: str, world: int | str) -> None:
     """Reject settings DeepSpeed would refuse (or silently ignore) before anything is launched."""
-    rung = where.rsplit(".", 1)[-1]
-    options = exp.get("strategy_options", {}).get(rung, {})
+    options = spec.options(exp)
+    where = spec.option_field(where)
     for key in options:
         if key not in OPTION_DEFAULTS and key != "world_size":
             raise ConfigError(f"{where}.{key}", f"unknown DeepSpeed option (known: {', '.join(sorted(OPTION_DEFAULTS))}, world_size)")
-    s = rung_settings(rung, options)
+    s = rung_settings(spec.plan_fields(1, options), options)
     for key in ("offload_optimizer", "offload_param"):
         if s[key] not in OFFLOAD_DEVICES:
             raise ConfigError(f"{where}.{key}", f"'{s[key]}' is not an offload device (use one of {OFFLOAD_DEVICES})")
@@ -52,9 +51,10 @@ def check_zero_options(exp: dict, where: str, world: int | str) -> None:
         raise ConfigError(f"{where}.param_persistence_threshold", "must be a non-negative integer")
 
 
-def deepspeed_config(rung: str, training: dict, options: dict, dp_size: int, n_params: int) -> dict:
-    """The DeepSpeed JSON for one run, generated from our experiment config (saved beside the run)."""
-    s = rung_settings(rung, options)
+def deepspeed_config(plan: dict, training: dict, options: dict, dp_size: int, n_params: int) -> dict:
+    """The DeepSpeed JSON for one run (its rung's Plan fields `plan`), generated from our experiment
+    config (saved beside the run)."""
+    s = rung_settings(plan, options)
     local = training["global_batch_size"] // dp_size
     micro = training.get("micro_batch_size") or local
     # DeepSpeed asserts even bucket sizes (2-byte elements packed 4-byte aligned): round an odd count up.
