@@ -96,7 +96,7 @@ def measure_rung(name: str, shape: ModelShape, dtype: str, topo) -> dict:
 
     model = build_model(shape)
     tensors = [p.shape for p in model.parameters()]
-    strategy = get_spec(name).load()(model, topo, training(dtype, topo.world_size), {})
+    strategy = get_spec(name).build(model, topo, training(dtype, topo.world_size), {})
     inputs, labels = strategy.local_batch(*batch(shape, ROWS_PER_RANK * topo.world_size))
     measured: dict = {}
     loss, _, _ = measured_step(strategy, strategy.micro_batches(inputs, labels), measured, probe=True)

@@ -79,7 +79,7 @@ def worker(args) -> None:
     topo = init_topology(exp["launch"])
     try:
         # The strategy wraps the model as in training; no options: generation needs whole logits.
-        model = get_spec(args.strategy).load()(load_model(args.model_dir), topo, exp["training"], {}).model
+        model = get_spec(args.strategy).build(load_model(args.model_dir), topo, exp["training"], {}).model
         prompt = prompt_ids(model.config.vocab_size, args.batch, args.prompt_len).to(topo.device)
         result = benchmark(model, prompt, args.new_tokens, args.repeats)
         result["rank"] = topo.rank

@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     training = dict(exp["training"], steps=args.warmup_steps + 2 * args.blocks * steps_per_block)
     topo = init_topology(exp["launch"])
     try:
-        strategy = get_spec(args.strategy).load()(load_model(args.model_dir), topo, training,
-                                                  exp.get("strategy_options", {}).get(args.strategy, {}))
+        strategy = get_spec(args.strategy).build(load_model(args.model_dir), topo, training,
+                                                   exp.get("strategy_options", {}).get(args.strategy, {}))
         batches = TokenBatches.from_file(args.tokens, training, exp["data"])
         run_block(strategy, batches, 0, args.warmup_steps, "instrumented")
         samples: dict[str, list[float]] = {mode: [] for mode in MODES}

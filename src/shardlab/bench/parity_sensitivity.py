@@ -130,7 +130,7 @@ def trajectory(case: Case, exp: dict, training: dict, topo, model_dir: Path, tok
     from shardlab.strategies import get_spec
 
     make_reproducible(training)
-    strategy = get_spec(case.strategy).load()(load_model(model_dir), topo, training, case.options)
+    strategy = get_spec(case.strategy).build(load_model(model_dir), topo, training, case.options)
     if case.fault:
         FAULTS[case.fault](strategy, case.size)
     log = StepLog(None)

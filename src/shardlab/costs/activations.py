@@ -87,7 +87,7 @@ PRECISIONS = {"fp32": {"value_bytes": 4, "autocast": False, "norm_stats_bytes": 
 def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, split: str = "none",
                 value_bytes: int = 4, residual: str = "parallel", attention: str = "sdpa", dropout: bool = False,
                 recompute: str = "none", mask_bytes: int = 1, kv_heads: int | None = None, mlp: str = "gelu",
-                autocast: bool = False, norm_stats_bytes: int = 0) -> dict[str, float]:
+                autocast: bool = False, norm_stats_bytes: int = 0, weight_copies: bool = True) -> dict[str, float]:
     """Bytes one transformer layer keeps for backward on one rank, by component (see the module docstring).
 
     split: 'none' | 'tp' | 'tp_sp' | 'tp_sp_gathered'; residual: 'parallel' (both LayerNorms read one
@@ -96,13 +96,14 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     Q, K, V are kept, the rest recomputed) | 'full' (only the layer input); kv_heads: for GQA;
     mlp: 'gelu' (GeLU input and output) | 'swiglu' (fused: gate and up outputs, their product);
     autocast: bf16 compute over fp32 weights (fp32 residual stream, bf16 weight copies);
-    norm_stats_bytes: per LayerNorm statistic value (0: left out, as the paper does)."""
+    norm_stats_bytes: per LayerNorm statistic value (0: left out, as the paper does); weight_copies: False
+    leaves autocast's weight copies out (a pipeline rank keeps them once for all its micro-batches)."""
     _check(split, residual, attention, recompute, mlp)
     by = _Splitter(t if split != "none" else 1, split)
     sb, sbh, v = s * b, s * b * h, value_bytes
     kv_width = h * (kv_heads or a) / a
     residual_bytes = 4 if autocast else v
-    copy = v if autocast else 0  # bytes per weight element of autocast's saved bf16 weight copies
+    copy = v if autocast and weight_copies else 0  # bytes per weight element of autocast's saved bf16 weight copies
     if recompute == "full":
         return dict(dict.fromkeys(COMPONENTS, 0.0), residual=by.sp(residual_bytes * sbh))
     inputs = 1 if residual == "parallel" else 2
@@ -110,7 +111,8 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     # many weight matrices of h x i (up, down; gate, up, down).
     wide = 3 if mlp == "swiglu" else 2
     qkv_width = h + 2 * kv_width
-    core = v * sb * qkv_width  # Q, K, V (the paper's count; under SDPA: the fused QKV output, see below)
+    # Q, K, V (the paper's count; under SDPA: the fused QKV output, see below; the ring kernel keeps fp32 copies)
+    core = (4 if attention == "ring" else v) * sb * qkv_width
     if recompute == "none":
         core += _attention_saved(s, b, h, a, v, attention, dropout, mask_bytes, kv_width)
     return {
@@ -128,9 +130,9 @@ def _attention_saved(s: int, b: int, h: int, a: int, v: int, attention: str, dro
                      mask_bytes: int, kv_width: float) -> float:
     """What the attention core saves beyond Q, K, V."""
     if attention == "ring":
-        # A hand-written blockwise kernel saves its own Q, K, V (after rotary), the output and a float32
-        # logsumexp per (head, token); no view of a fused QKV output stays alive.
-        return v * s * b * h + 4 * a * s * b
+        # The hand-written blockwise kernel (context parallelism) saves float32 copies of Q, K, V, its float32
+        # output and logsumexp per (head, token), in any dtype; no view of a fused QKV output stays alive.
+        return 4 * s * b * h + 4 * a * s * b
     if attention == "sdpa":
         # V is a view of the fused QKV output (kept whole); rotary makes new Q and K; the output and a
         # float32 logsumexp per (head, token).

@@ -97,28 +97,33 @@ def embedding_gradient_bytes(model: ModelShape, plan: Plan, rank: int) -> float:
 
 
 def activation_layer_bytes(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
-                           dropout: bool = False) -> float:
+                           dropout: bool = False, weight_copies: bool = True) -> float:
     """Bytes one layer stores for one micro-batch on one rank (MoE: top_k routed copies of the MLP's)."""
-    return sum(activation_layer_parts(model, plan, workload, recompute, dropout).values())
+    return sum(activation_layer_parts(model, plan, workload, recompute, dropout, weight_copies).values())
 
 
 def activation_layer_parts(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
-                           dropout: bool = False) -> dict:
+                           dropout: bool = False, weight_copies: bool = True) -> dict:
     """`activation_layer_bytes` by component (costs.activations.COMPONENTS); read-only (cached)."""
     return _layer_parts(model, workload.seq_len // plan.cp, plan.micro_batch, plan.tp, plan.activation_split,
-                        plan.activation_precision, plan.attention, dropout, recompute or plan.recompute)
+                        plan.activation_precision, plan.attention, dropout, recompute or plan.recompute, weight_copies,
+                        model.num_experts // plan.ep)
 
 
 @lru_cache(maxsize=65536)
 def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, stored: str, attention: str,
-                 dropout: bool, recompute: str) -> dict:
+                 dropout: bool, recompute: str, weight_copies: bool, local_experts: int) -> dict:
     width = (model.expert_intermediate or model.intermediate_size) if model.num_experts else model.intermediate_size
     how = PRECISIONS[stored]
     parts = layer_bytes(s, b, model.hidden_size, model.num_heads, width, t=t, split=split, **how,
                         residual=model.residual, attention="sdpa" if attention == "flash" else attention,
-                        dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp)
+                        dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp,
+                        weight_copies=weight_copies)
     if model.num_experts and recompute != "full":
-        parts = dict(parts, mlp=parts["mlp"] + routed_expert_bytes(model, s * b, t, how["value_bytes"], width))
+        routed = routed_expert_bytes(model, s * b, t, how["value_bytes"], width)
+        if how["autocast"] and weight_copies:  # autocast copies every local expert's weights, not one MLP's
+            routed += (local_experts - 1) * how["value_bytes"] * model.mlp_matrices * model.hidden_size * width / t
+        parts = dict(parts, mlp=parts["mlp"] + routed)
     return parts
 
 
@@ -132,46 +137,75 @@ def routed_expert_bytes(model: ModelShape, tokens: int, t: int, value_bytes: int
     return (k - 1) * hidden + 2 * k * value_bytes * tokens * h / t + 4 * tokens * model.num_experts
 
 
-def in_flight(plan: Plan, m: int, rank: int = 0) -> float:
-    """Micro-batches whose activations pipeline rank `rank` holds at its peak: all m under GPipe;
-    under 1F1B p - rank (the first rank the most); interleaved 1F1B adds (p-1)/v on top (Narayanan
-    et al. 2021: the first rank holds (1 + (p-1)/(pv)) x L layers' worth)."""
-    p, v = plan.pp, plan.virtual_stages
-    if p == 1:
-        return 1.0
-    if plan.schedule == "gpipe":
-        return float(m)
-    if plan.schedule == "interleaved":
-        return p - rank + (p - 1) / v
-    return float(min(m, p - rank))
+@lru_cache(maxsize=65536)
+def rank_chunks(n_layers: int, pp: int, v: int, rank: int) -> tuple[tuple[int, bool, bool], ...]:
+    """(layers, holds the embedding, holds the head) of each of pipeline rank `rank`'s v model chunks."""
+    stages = stage_units(n_layers, pp * v)
+    return tuple((sum(isinstance(u, int) for u in stages[s]), EMBED in stages[s], HEAD in stages[s])
+                 for s in range(rank, pp * v, pp))
+
+
+@lru_cache(maxsize=65536)
+def live_micro_batches(schedule: str, p: int, v: int, m: int, rank: int) -> tuple[tuple[int, ...], ...]:
+    """The distinct states, right after each forward, of how many micro-batches each of the rank's v
+    chunks holds for backward, in the order torch.distributed.pipelining runs them: GPipe all m; 1F1B
+    p - rank (warm-up p - 1 - rank forwards, then one forward, one backward); interleaved 1F1B
+    (v - 1) x (micro-batches per round) + 2 (p - 1 - rank) warm-up forwards cycling over the chunks,
+    backwards in the reverse chunk order (Narayanan et al. 2021: the first rank holds about
+    (1 + (p - 1)/(p v)) x its layers' worth)."""
+    if p == 1 or schedule == "gpipe":
+        return ((1 if p == 1 else m,) * v,)
+    if schedule != "interleaved":
+        return ((min(m, p - rank),),)
+    per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    live, seen = [0] * v, set()
+    for op in range(m * v):
+        live[(op // per_round) % v] += 1
+        seen.add(tuple(live))
+        if op >= warmup:
+            live[v - 1 - ((op - warmup) // per_round) % v] -= 1
+    return tuple(seen)
 
 
 def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
-    """What the transformer layers of pipeline rank `rank` store at its peak: every in-flight
-    micro-batch (the first rank's count; later ranks hold fewer) times its layers."""
-    flights = in_flight(plan, micro_batches(plan, workload), rank)
-    layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
-    return activation_layer_bytes(model, plan, workload, dropout=dropout) * layers * flights
+    """What the transformer layers of pipeline rank `rank` store at its peak over the schedule."""
+    return activation_bytes(model, plan, workload, rank, dropout, edges=False)
 
 
-def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
-    """Activation bytes of pipeline rank `rank` at its peak: stored layers of every in-flight
-    micro-batch (full recompute: plus one layer's working set) and what sits outside the layers
-    (`edge_activation_bytes`) for each in-flight micro-batch."""
-    flights = in_flight(plan, micro_batches(plan, workload), rank)
-    total = layer_activation_bytes(model, plan, workload, rank, dropout)
+def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False,
+                     edges: bool = True) -> float:
+    """Activation bytes of pipeline rank `rank` at its peak: each chunk's layers and, with `edges`,
+    what sits outside them (`edge_activation_bytes`), times the micro-batches the chunk holds at the
+    schedule's fullest moment; autocast's bf16 weight copies once (one autocast region runs all the
+    rank's micro-batches); full recompute: plus one layer's working set."""
+    per_layer = activation_layer_bytes(model, plan, workload, dropout=dropout, weight_copies=False)
+    copies = activation_layer_bytes(model, plan, workload, dropout=dropout) - per_layer
+    chunks = rank_chunks(model.num_layers, plan.pp, plan.virtual_stages, rank)
+    held = [layers * per_layer + (edge_activation_bytes(model, plan, workload, embedding, head, dropout) if edges else 0)
+            for layers, embedding, head in chunks]
+    states = live_micro_batches(plan.schedule, plan.pp, plan.virtual_stages, micro_batches(plan, workload), rank)
+    total = max(sum(n * b for n, b in zip(state, held)) for state in states)
+    total += sum(layers for layers, _, _ in chunks) * copies
+    if edges and any(head for _, _, head in chunks):
+        total += head_weight_copy_bytes(model, plan)
     if plan.recompute == "full":
         total += activation_layer_bytes(model, plan, workload, recompute="none", dropout=dropout)
-    _, embedding, head = pipeline_ranks(model.num_layers, plan.pp, plan.virtual_stages)[rank]
-    return total + flights * edge_activation_bytes(model, plan, workload, embedding, head, dropout)
+    return total
+
+
+def head_weight_copy_bytes(model: ModelShape, plan: Plan) -> float:
+    """Autocast's bf16 copy of the LM head's weight (vocabulary-split under TP), kept once per rank."""
+    how = PRECISIONS[plan.activation_precision]
+    return how["value_bytes"] * model.vocab_size * model.hidden_size / plan.tp if how["autocast"] else 0.0
 
 
 def edge_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, embedding: bool, head: bool,
                           dropout: bool = False) -> float:
     """One micro-batch's bytes outside the layers: at the embedding the token ids (and, vocabulary-split,
     the mask of ids outside the rank's range; the dropout mask); at the head the final norm's input and
-    statistics, the LM head's input (and autocast's bf16 copy of its weight) and the fp32
-    log-probabilities cross-entropy keeps, vocabulary-split only where the loss is."""
+    statistics, the LM head's input and the fp32 log-probabilities cross-entropy keeps,
+    vocabulary-split only where the loss is."""
     how = PRECISIONS[plan.activation_precision]
     tokens = plan.micro_batch * workload.seq_len / plan.cp
     shard = plan.tp if plan.sp else 1  # sequence parallelism splits the residual stream
@@ -183,7 +217,6 @@ def edge_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, emb
         residual = 4 if how["autocast"] else how["value_bytes"]
         out += (residual * hidden + 2 * how["norm_stats_bytes"] * tokens) / shard
         out += how["value_bytes"] * hidden / shard
-        out += how["value_bytes"] * model.vocab_size * model.hidden_size / plan.tp if how["autocast"] else 0
         out += 4 * tokens * model.vocab_size / (plan.tp if plan.vocab_parallel_loss else 1)
     return out
 

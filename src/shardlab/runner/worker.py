@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> None:
         n_params = count_parameters(model)
         phases.done("model_load")
         options = exp.get("strategy_options", {}).get(args.strategy, {})
-        strategy = get_spec(args.strategy).load()(model, topo, training, options)
+        strategy = get_spec(args.strategy).build(model, topo, training, options)
         phases.done("strategy_setup")
         if topo.is_main and strategy.artifacts():
             (out / "artifacts").mkdir(exist_ok=True)

@@ -102,7 +102,8 @@ class Strategy:
     #: False when the strategy cannot measure its communication separately (e.g. DDP overlaps it inside backward).
     measures_comm = False
 
-    def __init__(self, model: nn.Module, topo: Topology, training: dict, options: dict):
+    def __init__(self, model: nn.Module, topo: Topology, training: dict, options: dict, name: str = ""):
+        self.name = name  # the registry entry that built it (StrategySpec.build): its Plan fields are the run's
         self.topo = topo
         self.training = training
         self.options = options

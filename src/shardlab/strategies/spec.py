@@ -147,3 +147,7 @@ class StrategySpec:
         module, cls = self.target.split(":")
         return getattr(importlib.import_module(module), cls)
 
+    def build(self, model, topo, training: dict, options: dict):
+        """The implementation, set up for one run (imports torch and the strategy's module)."""
+        return self.load()(model, topo, training, options, name=self.name)
+

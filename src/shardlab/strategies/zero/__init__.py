@@ -12,16 +12,16 @@ TOPIC = "zero"
 
 # name: (module:class, Plan fields, summary), in the decision tree's order: least communication first.
 RUNGS = {
-    "zero0": ("deepspeed:Zero0", {"zero": 0},
+    "zero0": ("deepspeed:DeepSpeedZero", {"zero": 0},
               "DeepSpeed ZeRO stage 0: plain data parallelism inside the DeepSpeed engine."),
-    "zero1": ("deepspeed:Zero1", {"zero": 1},
+    "zero1": ("deepspeed:DeepSpeedZero", {"zero": 1},
               "DeepSpeed ZeRO-1: optimizer state (with fp32 master weights) sharded."),
-    "zero2": ("deepspeed:Zero2", {"zero": 2}, "DeepSpeed ZeRO-2: optimizer state and gradients sharded."),
-    "zero3": ("deepspeed:Zero3", {"zero": 3},
+    "zero2": ("deepspeed:DeepSpeedZero", {"zero": 2}, "DeepSpeed ZeRO-2: optimizer state and gradients sharded."),
+    "zero3": ("deepspeed:DeepSpeedZero", {"zero": 3},
               "DeepSpeed ZeRO-3: optimizer state, gradients and parameters sharded."),
-    "zero2_offload": ("deepspeed:Zero2Offload", {"zero": 2, "offload": "optimizer"},
+    "zero2_offload": ("deepspeed:DeepSpeedZero", {"zero": 2, "offload": "optimizer"},
                       "DeepSpeed ZeRO-2 with the optimizer state and step on the CPU."),
-    "zero3_offload": ("deepspeed:Zero3Offload", {"zero": 3, "offload": "optimizer+params"},
+    "zero3_offload": ("deepspeed:DeepSpeedZero", {"zero": 3, "offload": "optimizer+params"},
                       "DeepSpeed ZeRO-3 with parameters and optimizer state on the CPU."),
     "fsdp2_full": ("fsdp2:FSDP2Full", {"zero": 3, "framework": "fsdp2"},
                    "torch FSDP2 fully_shard, reshard after forward (ZeRO-3's schedule)."),

@@ -68,13 +68,13 @@ def device_memory_bytes(device: torch.device) -> int:
 
 
 class DeepSpeedZero(Strategy):
-    rung = "zero0"
+    """Any rung of the ladder: its stage and offload are the Plan fields of the registry entry that built it."""
 
     def wrap(self, model: nn.Module) -> nn.Module:
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-        plan = get_spec(self.rung).plan_fields(self.topo.world_size, self.options)
+        plan = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
         self.settings = rung_settings(plan, self.options)
         n_params = sum(p.numel() for p in model.parameters())
         self.ds_config = deepspeed_config(plan, self.training, self.options, self.dp_size, n_params)
@@ -177,27 +177,3 @@ class DeepSpeedZero(Strategy):
         else:
             state = {k: v.detach().clone() for k, v in self.engine.module.state_dict().items()}
         return {k: v.cpu() for k, v in state.items()} if self.topo.is_main and state is not None else None
-
-
-class Zero0(DeepSpeedZero):
-    rung = "zero0"
-
-
-class Zero1(DeepSpeedZero):
-    rung = "zero1"
-
-
-class Zero2(DeepSpeedZero):
-    rung = "zero2"
-
-
-class Zero3(DeepSpeedZero):
-    rung = "zero3"
-
-
-class Zero2Offload(DeepSpeedZero):
-    rung = "zero2_offload"
-
-
-class Zero3Offload(DeepSpeedZero):
-    rung = "zero3_offload"
