@@ -198,7 +198,7 @@ def this_model_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str =
 # Components whose assumptions hold in this model, so the paper's formula (with fp32 values) applies.
 MATCHING_COMPONENTS = ["qkv", "attention_projection", "mlp"]
 
-# A strategy's `activation_split` (registry, one of SPLITS) -> how it splits a layer's activations:
+# A Plan's `activation_split` (one of SPLITS) -> how it splits a layer's activations:
 # the paper's mode ("none", "tp", "tp_sp") and whether SP keeps the gathered column inputs whole.
 
 
@@ -212,7 +212,7 @@ def paper_mode(split: str) -> str:
 def comparison_rows(split: str, activation_by_module: dict[str, int], dims: dict, t: int) -> list[dict]:
     """One row per component: measured vs the paper (scaled to the run's value bytes) vs this model's formula.
 
-    split: the strategy's `activation_split`; dims: s, b (the probed micro-batch on this rank), h, a,
+    split: the run's `Plan.activation_split`; dims: s, b (the probed micro-batch on this rank), h, a,
     n_layers, and optionally intermediate (default 4h) and precision (a key of PRECISIONS, default
     fp32); t: the run's world size (the TP degree when the split is not 'none')."""
     mode = paper_mode(split)

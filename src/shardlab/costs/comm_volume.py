@@ -118,25 +118,34 @@ def pipeline_calls(model: ModelShape, plan: Plan, workload: Workload) -> list[Ca
             Call("sendrecv", msg, plan.virtual_stages, plan.pp, "PP activation gradient (backward)")]
 
 
-def sharded_calls(plan: Plan, params: float, group: int, which: str) -> list[Call]:
-    """The sharded-data-parallel collectives over `group` ranks of `params` parameters: `which` is
-    "micro" (per micro-batch: ZeRO-2/3 and FSDP2) or "step" (once per step)."""
+def parameter_gathers(plan: Plan) -> int:
+    """How often per micro-batch the plan all-gathers its sharded parameters: ZeRO-3 and FSDP2's full
+    resharding for forward and again for backward, FSDP2 keeping them from forward to backward once."""
+    return 2 if plan.zero == 3 else 1 if plan.framework == "fsdp2" else 0
+
+
+def micro_batch_sync(plan: Plan, params: float, group: int) -> list[Call]:
+    """Per micro-batch, ZeRO-2/3 and FSDP2 reduce-scatter the gradients of `params` as backward makes
+    them, and gather the sharded parameters (`parameter_gathers`)."""
+    if group < 2 or not params or plan.zero < 2:
+        return []
+    gathers = parameter_gathers(plan)
+    when = "(forward, backward)" if gathers == 2 else "(forward)"
+    return [*([Call("all_gather", params * parameter_bytes(plan), gathers, group, f"parameter all-gather {when}")]
+              if gathers else []),
+            Call("reduce_scatter", params * gradient_bytes(plan), 1, group, "gradient reduce-scatter")]
+
+
+def step_sync(plan: Plan, params: float, group: int, model: ModelShape | None = None) -> list[Call]:
+    """Once per step: the gradient all-reduce (replicas, ZeRO-0; per bucket with `model`) or
+    reduce-scatter (ZeRO-1), and DeepSpeed ZeRO-1/2's gather of the updated parameters."""
     if group < 2 or not params:
         return []
-    grad, weight = params * gradient_bytes(plan), params * parameter_bytes(plan)
-    per_micro = plan.zero >= 2
-    gathers = 2 if plan.zero == 3 else 1 if plan.framework == "fsdp2" else 0  # FSDP2 always reshards at rest
-    if which == "micro":
-        if not per_micro:
-            return []
-        return [*([Call("all_gather", weight, gathers, group, "parameter all-gather "
-                        + ("(forward, backward)" if gathers == 2 else "(forward)"))] if gathers else []),
-                Call("reduce_scatter", grad, 1, group, "gradient reduce-scatter")]
     if plan.zero == 0:
-        return all_reduce_calls(plan, params, group)
-    calls = [] if per_micro else [Call("reduce_scatter", grad, 1, group, "gradient reduce-scatter")]
-    if not gathers and plan.zero in (1, 2):
-        calls.append(Call("all_gather", weight, 1, group, "parameter all-gather"))
+        return all_reduce_calls(plan, params, group, model)
+    calls = [Call("reduce_scatter", params * gradient_bytes(plan), 1, group, "gradient reduce-scatter")] if plan.zero == 1 else []
+    if plan.zero in (1, 2) and not parameter_gathers(plan):
+        calls.append(Call("all_gather", params * parameter_bytes(plan), 1, group, "parameter all-gather"))
     return calls
 
 
@@ -183,21 +192,16 @@ def micro_batch_calls(model: ModelShape, plan: Plan, workload: Workload, stage: 
     layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[stage]
     return [*tp_calls(model, plan, workload, layers), *cp_calls(model, plan, workload, layers),
             *ep_calls(model, plan, workload, layers), *pipeline_calls(model, plan, workload),
-            *sharded_calls(plan, dense, plan.dp * plan.cp, "micro"),
-            *sharded_calls(plan, experts, plan.dp * plan.cp // plan.ep, "micro")]
+            *micro_batch_sync(plan, dense, plan.dp * plan.cp),
+            *micro_batch_sync(plan, experts, plan.dp * plan.cp // plan.ep)]
 
 
 def step_sync_calls(model: ModelShape, plan: Plan, stage: int) -> list[Call]:
     """The once-per-step gradient reduction (and ZeRO-1/2 parameter gather) of pipeline rank `stage`."""
     dense, experts = rank_parameters(model, plan, stage)
     group = plan.dp * plan.cp
-    whole = model if plan.tp == plan.pp == plan.ep == 1 and not model.num_experts else None
-    if plan.zero == 0 and group > 1:
-        calls = all_reduce_calls(plan, dense, group, whole)
-    else:
-        calls = sharded_calls(plan, dense, group, "step")
-    calls += sharded_calls(plan, experts, group // plan.ep, "step")
-    return calls
+    whole = model if plan.tp == plan.pp == plan.ep == 1 and not model.num_experts else None  # for buckets
+    return [*step_sync(plan, dense, group, whole), *step_sync(plan, experts, group // plan.ep)]
 
 
 def step_calls(model: ModelShape, plan: Plan, workload: Workload) -> list[Call]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from shardlab.costs import memory
 from shardlab.costs.collectives import bus_factor
 from shardlab.costs.comm_volume import (CP_RING_PASSES_PER_LAYER, Call, cp_calls, ep_calls, pipeline_calls,
-                                        sharded_calls, step_sync_calls, tp_calls)
+                                        micro_batch_sync, step_sync_calls, tp_calls)
 from shardlab.costs.plan import Plan, Workload
 from shardlab.costs.rank_memory import activation_layer_parts, rank_layers, rank_parameters
 from shardlab.costs.shapes import ModelShape
@@ -86,7 +86,7 @@ def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict,
     ep = calls_s(device, ep_calls(model, plan, workload, layers), plan.tp * plan.ep <= per_node)
     group, intra = _dp_group(plan, device)
     dense, experts = rank_parameters(model, plan, rank)
-    sharded = [*sharded_calls(plan, dense, group, "micro"), *sharded_calls(plan, experts, group // plan.ep, "micro")]
+    sharded = [*micro_batch_sync(plan, dense, group), *micro_batch_sync(plan, experts, group // plan.ep)]
     zero = max(0.0, calls_s(device, sharded, intra) - hide * compute)  # overlapped with the micro-batch
     p2p = calls_s(device, pipeline_calls(model, plan, workload), plan.tp * plan.cp * plan.dp < per_node)
     return {"compute": compute, "tp_comm": tp, "cp_comm": cp, "ep_comm": ep, "zero_comm": zero, "pp_p2p": p2p}

@@ -17,7 +17,7 @@ network link, the plans at the study's scale, and the benchmark's alpha-beta fit
 A MODEL, never a measurement, on stated assumptions:
 - compute time = measured median step time - communication time, where communication time is the
   run's own timed blocking waits when it records them (hand-written strategies), else the
-  alpha-beta prediction of its plan (the registry's `comm_plan`) with the benchmark's fitted parameters,
+  alpha-beta prediction of its Plan's collectives (`costs.predict.collectives`) with the benchmark's fitted parameters,
   times the in-training factor (median measured/predicted over the runs that time their whole
   communication: in training, ranks reach a collective at different moments and share the cores with
   compute, which an idle benchmark does not see);

@@ -4,7 +4,7 @@
 - tp_activation_components: per run, rank and transformer-layer component, the activation bytes
   saved for backward (mean per layer) beside the Korthikanti et al. formula (fp32 values, 1-byte
   masks) and the formula adapted to what this model saves (`shardlab.costs.activations`), and the
-  measured/formula ratios. How a strategy splits activations is its registry `activation_split`.
+  measured/formula ratios. How a strategy splits activations follows from its Plan (`Plan.activation_split`).
 - tp_activation_totals: the same per run and rank, summed over the components (bytes per layer).
 - tp_throughput: per run, tokens/s and the ratios to its reference and to its twin
   (`tables.data_parallel.throughput_rows`).
