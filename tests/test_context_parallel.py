@@ -14,7 +14,7 @@ from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
 from shardlab.tables.parity import tolerance
 from shardlab.strategies.context_parallel import zigzag
-from shardlab.strategies.context_parallel.options import check_cp_options
+from shardlab.strategies import get_spec
 from shardlab.strategies.context_parallel.ring_attention import _visible_pairs
 
 HERE = Path(__file__).parent
@@ -57,10 +57,10 @@ def test_ring_attention_matches_full_attention(tmp_path):
 
 def test_config_check_rejects_unshardable_sequence_length():
     exp = deep_merge(TEST_EXPERIMENT, {"strategies": ["cp_ring"]})
-    check_cp_options(exp, "experiments.t.strategy_options.cp_ring", 2)  # 32 = 8 chunks of 4: fine
+    get_spec("cp_ring").check(exp, "experiments.t", 2)  # 32 = 8 chunks of 4: fine
     exp["training"]["seq_len"] = 30
     with pytest.raises(ConfigError, match=r"experiments\.t\.training\.seq_len.*not divisible by 2 x 2"):
-        check_cp_options(exp, "experiments.t.strategy_options.cp_ring", 2)
+        get_spec("cp_ring").check(exp, "experiments.t", 2)
 
 
 @pytest.mark.parity

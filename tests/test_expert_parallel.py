@@ -12,7 +12,8 @@ from shardlab.errors import ConfigError
 from shardlab.tables import TableInputs
 from shardlab.tables.context_expert import build
 from shardlab.strategies.expert_parallel.moe import MoEConfig, MoEMLP, capacity_plan, expert_capacity
-from shardlab.strategies.expert_parallel.options import MOE_DEFAULTS, check_moe_options
+from shardlab.strategies import get_spec
+from shardlab.strategies.expert_parallel.options import MOE_DEFAULTS
 
 
 def _model_config():
@@ -76,13 +77,13 @@ def _exp(**options):
 
 
 def test_config_checks_reject_bad_moe_settings():
-    check_moe_options(_exp(ep_moe={"num_experts": 4}, moe_single={"num_experts": 4}), "experiments.t.strategy_options.ep_moe", 2)
+    get_spec("ep_moe").check(_exp(ep_moe={"num_experts": 4}, moe_single={"num_experts": 4}), "experiments.t", 2)
     with pytest.raises(ConfigError, match="num_experts.*3 experts cannot be split evenly over 2 ranks"):
-        check_moe_options(_exp(ep_moe={"num_experts": 3}, moe_single={"num_experts": 3}), "experiments.t.strategy_options.ep_moe", 2)
+        get_spec("ep_moe").check(_exp(ep_moe={"num_experts": 3}, moe_single={"num_experts": 3}), "experiments.t", 2)
     with pytest.raises(ConfigError, match="top_k"):
-        check_moe_options(_exp(ep_moe={"top_k": 5}), "experiments.t.strategy_options.ep_moe", 2)
+        get_spec("ep_moe").check(_exp(ep_moe={"top_k": 5}), "experiments.t", 2)
     with pytest.raises(ConfigError, match="must be the same model"):
-        check_moe_options(_exp(ep_moe={"capacity_factor": 2.0}), "experiments.t.strategy_options.ep_moe", 2)
+        get_spec("ep_moe").check(_exp(ep_moe={"capacity_factor": 2.0}), "experiments.t", 2)
 
 
 @pytest.mark.parity
