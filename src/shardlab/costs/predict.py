@@ -27,8 +27,9 @@ from shardlab.costs.bubble import theory_bubble_ratio
 from shardlab.costs.comm_volume import Call, step_calls
 from shardlab.costs.hardware import training_flops_per_token
 from shardlab.costs.plan import Cluster, Plan, Workload, micro_batches, rejection
-from shardlab.costs.rank_memory import (MEMORY_CATEGORIES, USABLE_MEMORY, activation_bytes, comm_buffer_bytes, embedding_gradient_bytes,
+from shardlab.costs.rank_memory import (USABLE_MEMORY, activation_bytes, comm_buffer_bytes, embedding_gradient_bytes,
                                         layer_parameters_on_rank, model_states, rank_parameters)
+from shardlab.costs.rank_memory import MEMORY_CATEGORIES  # noqa: F401 (the tables read the categories here)
 from shardlab.costs.shapes import ModelShape
 from shardlab.costs.step_time import gradient_sync_s, optimizer_s, stage_times
 
