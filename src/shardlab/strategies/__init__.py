@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-from shardlab.strategies import context_parallel, data_parallel, expert_parallel, pipeline_parallel, tensor_parallel, zero
+from shardlab.strategies import (composed, context_parallel, data_parallel, expert_parallel, pipeline_parallel,
+                                 tensor_parallel, zero)
 from shardlab.errors import ConfigError
 from shardlab.strategies.spec import Family, StrategySpec
 
@@ -45,7 +46,7 @@ SINGLE_REORDERED = StrategySpec(
     "order, so its distance from `single` is the rounding noise the parity check allows for (tables.parity).",
     single_process=True, check_options=check_reorderable, micro_batch_rows=smaller_micro_batch)
 
-_FAMILIES = (data_parallel, zero, tensor_parallel, pipeline_parallel, context_parallel, expert_parallel)
+_FAMILIES = (data_parallel, zero, tensor_parallel, pipeline_parallel, context_parallel, expert_parallel, composed)
 REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in [SINGLE, SINGLE_REORDERED, *(s for f in _FAMILIES for s in f.SPECS)]}
 TOPICS: tuple[str, ...] = tuple(dict.fromkeys(spec.topic for spec in REGISTRY.values()))
 # Runs that measure rounding noise for the parity rule, not a technique: no ranking or claim counts them.

@@ -154,8 +154,9 @@ class TensorParallelStrategy(Strategy):
         if hasattr(tensor, "full_tensor"):
             return tensor.full_tensor()
         if hasattr(param, "tp_shard_dim"):
-            chunks = [torch.empty_like(tensor) for _ in range(self.topo.world_size)]
-            dist.all_gather(chunks, tensor.contiguous(), group=self.tp_group())
+            group = self.tp_group()
+            chunks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(chunks, tensor.contiguous(), group=group)
             return torch.cat(chunks, dim=param.tp_shard_dim)
         return tensor
 
