@@ -2,7 +2,7 @@
 # The fault drill: run the checkpoint/restart/resume tests (tests/test_resume.py, real torchrun, gloo
 # on CPU) and tabulate every injected fault: which strategy, how it was recovered, the outcome, the
 # restarts, the step it resumed from, the steps redone (at most training.checkpoint_every) and the wall
-# time. The figures in README "Faults and resume" come from here. Usage:
+# time. The figures in docs/workflow.md, "Faults and resume", come from here. Usage:
 #   bash scripts/fault-drill.sh [extra pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."

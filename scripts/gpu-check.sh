@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-call check of the GPU path, for the day a GPU machine is lent (README, "GPU check"):
+# One-call check of the GPU path, for the day a GPU machine is lent (docs/gpu-and-clusters.md, "GPU check"):
 #   bash scripts/gpu-check.sh [--dry] [OUT]
 # Runs the study of config/gpu-check.yaml (single device, DDP, ZeRO-3, TP on a locally built
 # Pythia-1B-shaped model in bf16 over every visible GPU; no hub) and writes OUT (default

@@ -177,7 +177,7 @@ def test_provenance_says_whether_the_tree_was_dirty(tmp_path, monkeypatch):
 
 @pytest.mark.torchrun
 def test_a_run_records_where_its_launch_time_went(run_once):
-    """The launch-cost breakdown (README, "Launch cost"): every phase from the launcher's start of
+    """The launch-cost breakdown (docs/measurements.md, "Launch cost"): every phase from the launcher's start of
     the agent to the agent's exit is recorded, none negative, and together they fit in the wall time."""
     summary, _ = run_once("ddp")
     startup = summary["startup"]

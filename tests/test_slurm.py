@@ -61,7 +61,7 @@ def test_reduced_dag_through_the_slurm_profile_with_a_two_node_run(slurm_cluster
     config.write_text(yaml.safe_dump(dict(two_node_config(), results_dir=str(results),
                                           resources_dir=str(tmp_path / "resources"), allow_outside_project=True)))
     started = time.monotonic()
-    # timeout -k: the executor ignores SIGTERM while it waits for jobs (../shared/FACTS.md)
+    # timeout -k: the Slurm executor ignores SIGTERM while it waits for jobs, so KILL follows
     proc = subprocess.run(["timeout", "-k", "10", "900", "snakemake", "--profile", "slurm", "--configfile", str(config),
                            "--set-resources", "run_strategy:nodes=1", "--nolock", "--slurm-keep-successful-logs"],
                           cwd=REPO, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-# Communication (issue 7): one collective benchmark job (torchrun) with its alpha-beta fit, then
+# Communication: one collective benchmark job (torchrun) with its alpha-beta fit, then
 # each run's communication plan (from the registry), its share of step time, what-if step times
 # per network link, the plans at the study's scale, and the fit curves. Logic:
 # shardlab.bench.comm (benchmark), shardlab.tables.communication (tables), shardlab.costs.network.

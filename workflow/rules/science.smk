@@ -1,4 +1,4 @@
-# Science cases (issue 6): deterministic data splits, domain evaluation of each run's saved model
+# Science cases: deterministic data splits, domain evaluation of each run's saved model
 # (training.save_model), and the tables of the report's science section. Science experiments are
 # those whose data format is a science format. Logic: shardlab.core.splits, shardlab.science.evaluate,
 # shardlab.tables.science.

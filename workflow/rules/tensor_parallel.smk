@@ -1,4 +1,4 @@
-# Tensor/sequence parallelism (issue 4): activation memory by component vs the Korthikanti formulas,
+# Tensor/sequence parallelism: activation memory by component vs the Korthikanti formulas,
 # throughput against the production twins, memory per rank by category beside the runs of other
 # experiments with the same model and training settings (logic: shardlab.tables.tensor_parallel),
 # and the TP inference benchmark (greedy generation with KV cache, single device vs the registry's

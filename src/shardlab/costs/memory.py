@@ -6,8 +6,8 @@ ZeRO-1 divides the 12Ψ by N, ZeRO-2 also the gradients, ZeRO-3 also the weights
 
 Two dtype policies:
 - `bf16`: DeepSpeed's bf16 mixed precision (weights and gradients in bf16, fp32 master + moments;
-  at stage 0 FP16_UnfusedOptimizer keeps a whole fp32 master copy per tensor, which the measurement
-  missed until it read `fp32_groups`: the "optimizer bytes below prediction" of issue 13).
+  at stage 0 FP16_UnfusedOptimizer keeps a whole fp32 master copy per tensor, in `fp32_groups`,
+  which `strategies.zero.deepspeed` counts as optimizer state).
 - `fp32`: weights and gradients in fp32 (4Ψ + 4Ψ), moments 8Ψ for Adam; DeepSpeed still keeps a
   separate fp32 master partition (4Ψ/N) from stage 1 on, which plain fp32 training does not need.
 FSDP2 keeps its sharded parameters in fp32 under either policy (bf16 is a compute cast of the

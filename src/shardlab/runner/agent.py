@@ -3,7 +3,7 @@
 Every option means what it means to torchrun: the parser, the rendezvous and the elastic agent are
 torch's own (`torch.distributed.run`). The one difference: once the ranks have finished and been
 reported, the agent exits at once instead of tearing down torch's modules in the interpreter (about
-0.6 s on a small CPU, paid by every launch of the study; README, "Launch cost"). A failure still
+0.6 s on a small CPU, paid by every launch of the study; docs/measurements.md, "Launch cost"). A failure still
 raises, and exits, exactly as torchrun does.
 
 Forking the ranks from a server that has already imported torch and transformers (torch's

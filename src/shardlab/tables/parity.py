@@ -35,7 +35,7 @@ Where the noise comes from decides which of two estimates the tolerance rests on
   floor, and never below the float32 rounding of the compared losses themselves (the bound with
   n = 1). Over 4 bf16 steps every correct strategy measured stayed within 2.6 times its floor (14
   strategies, two CPU kernel paths), while a 0.5 % error in the mean gradient moved the loss by 9 to
-  30 times it (`bench.parity_sensitivity`; README, "Correctness"). Over long runs rounding
+  30 times it (`bench.parity_sensitivity`; docs/correctness.md). Over long runs rounding
   differences grow chaotically: the floor, and with it the tolerance, grows too.
 
 A tolerance above CEILING (5 %) of the loss could not tell a missing gradient average from rounding,

@@ -1,4 +1,4 @@
-"""The study's claims (the seed paper's, restated in ../shared/paper.md and the README) each with this
+"""The study's claims (the seed paper's, listed in `SPEED_CLAIMS` and the rows below) each with this
 study's verdict, computed from the other tables so that it changes when the data do.
 
 - verdicts: one row per claim and experiment: the measure, its ratio with an interval where it is a

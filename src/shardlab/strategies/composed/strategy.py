@@ -7,11 +7,11 @@ over `tp` first, as in `tp_sp`)."""
 from __future__ import annotations
 
 from shardlab.strategies import get_spec
-from shardlab.strategies.pipeline_parallel.hybrid_dp_pp import all_reduce_mean_gradients
+from shardlab.strategies.mesh import MeshDataParallel
 from shardlab.strategies.tensor_parallel.tensor_parallel import HandTensorParallel
 
 
-class ComposedPlan(HandTensorParallel):
+class ComposedPlan(MeshDataParallel, HandTensorParallel):
     def wrap(self, model):
         fields = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
         self.mesh = self.topo.mesh(dp=fields["dp"], tp=fields["tp"])
@@ -21,24 +21,9 @@ class ComposedPlan(HandTensorParallel):
     def tp_group(self):
         return self.mesh["tp"].get_group()
 
-    @property
-    def dp_rank(self) -> int:
-        return self.mesh["dp"].get_local_rank()
-
-    @property
-    def dp_size(self) -> int:
-        return self.mesh["dp"].size()
-
-    @property
-    def dp_group(self):
-        return self.mesh["dp"].get_group()
-
     def state_namespace(self):
         return f"dp{self.dp_rank}_tp{self.mesh['tp'].get_local_rank()}"
 
     def sync_gradients(self) -> None:
-        super().sync_gradients()
-        if self.dp_size == 1 or self.training["fault_injection"] == "skip_grad_average":
-            return
-        with self.comm.blocked():
-            all_reduce_mean_gradients(self.model.parameters(), self.dp_group, self.dp_size)
+        super().sync_gradients()  # SP's partial sums over tp
+        self.average_over_dp()

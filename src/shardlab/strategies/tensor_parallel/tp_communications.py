@@ -14,7 +14,7 @@ sequence shard is saved for backward, which re-gathers it (Megatron-LM's choice:
 a column layer then costs sbh/t, as the TP+SP activation formula assumes, instead of sbh).
 
 Every buffer handed to gloo is made contiguous first: gloo silently returns wrong data for
-non-contiguous outputs (see FACTS.md), which is why torch.distributed.nn's all_gather is not used.
+non-contiguous outputs (a known gloo limitation), which is why torch.distributed.nn's all_gather is not used.
 """
 
 from __future__ import annotations
