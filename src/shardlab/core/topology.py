@@ -52,6 +52,16 @@ class Topology:
                                                  backend_override=options)
         return self._meshes[key]
 
+    def flattened(self, mesh, *dims: str):
+        """Dimensions `dims` of `mesh` as one 1-D mesh (e.g. the dp x cp ranks that hold the same replica
+        of a parameter), built once."""
+        if len(dims) == 1:
+            return mesh[dims[0]]
+        key = (mesh.mesh_dim_names, tuple(mesh.shape), dims)
+        if key not in self._meshes:
+            self._meshes[key] = mesh[dims]._flatten("_".join(dims), backend_override=self._group_options())
+        return self._meshes[key]
+
     def _group_options(self):
         """Backend options that carry the collective timeout: a mesh's sub-groups otherwise wait the
         backend's default (30 min for gloo), and a rank hung in one would outlive collective_timeout_s."""

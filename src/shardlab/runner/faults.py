@@ -24,6 +24,9 @@ import time
 import torch
 
 FAULT_STEP = 1
+# Faults the strategies themselves inject (a reduction skipped, so the parity check must fail):
+# skip_grad_average (data-parallel replicas) and skip_sp_grad_sum (SP's partial LayerNorm gradients, composed).
+NUMERIC_FAULTS = ("skip_grad_average", "skip_sp_grad_sum")
 ONCE_STEP = 3  # late enough for a checkpoint before it
 
 
@@ -34,7 +37,7 @@ def inject_fault(kind: str, step: int, rank: int, resumed: bool = False) -> None
             os.kill(os.getpid(), signal.SIGKILL)
         else:
             time.sleep(3600)
-    if step != FAULT_STEP or kind in ("none", "skip_grad_average"):  # skip_grad_average lives in the DP strategies
+    if step != FAULT_STEP or kind in ("none", *NUMERIC_FAULTS):
         return
     if kind == "raise_oom" or (kind == "oom_rank1" and rank == 1):
         raise torch.OutOfMemoryError(f"fault injection: simulated out of memory at step {step} on rank {rank}")

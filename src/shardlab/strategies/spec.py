@@ -44,10 +44,6 @@ def replicas(world: int, options: dict) -> dict:
     return {"dp": world}
 
 
-def no_checks(spec: StrategySpec, exp: dict, where: str, world: int | str) -> None:
-    return None
-
-
 def only_options(*known: str) -> OptionCheck:
     """A check that rejects any strategy option but `known` (and the launcher's world_size)."""
     def check(spec: StrategySpec, exp: dict, where: str, world: int | str) -> None:

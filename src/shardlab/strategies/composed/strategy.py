@@ -1,29 +1,210 @@
-"""The composed plan's run: one named mesh from the Plan (`(dp, tp)`, tp innermost so that a tensor-parallel
-group sits inside a node), the hand-written TP (+SP) inside each `tp` group, and the data-parallel
-replicas' gradients averaged over `dp`: every parameter is replicated over exactly the dp ranks, so
-that is the only dimension its gradient is reduced over (SP's partial LayerNorm gradients are summed
-over `tp` first, as in `tp_sp`)."""
+"""A composed plan's run. One named mesh `(pp, dp, cp, tp)` from the Plan (tp innermost, so that a
+tensor-parallel group sits inside a node), and on it, in this order:
+
+1. hand-written TP (+SP) inside each `tp` group (`tensor_parallel.parallelize_neox`);
+2. ring attention over each `cp` group on a zig-zag shard of every sequence, with global positions;
+3. with pp > 1, the TP/CP model cut into stages (`pipeline_parallel.stages`) and run by a
+   torch.distributed.pipelining schedule over each `pp` group, otherwise FSDP2 over `dp` if asked;
+4. data-parallel replicas: each dp rank trains on its own rows of the batch.
+
+Gradients are reduced over exactly the dimensions that replicate a parameter: SP's partial sums
+(LayerNorms and row-parallel biases applied to one sequence shard) over `tp`; every parameter's
+replicas over `dp` x `cp` (one flattened group; FSDP2 has already averaged over `dp` itself).
+"""
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from transformers import AttentionInterface
+
 from shardlab.strategies import get_spec
+from shardlab.strategies.base import Strategy, causal_lm_loss, local_tensor
+from shardlab.strategies.context_parallel import zigzag
+from shardlab.strategies.context_parallel.ring_comms import Ring
+from shardlab.strategies.context_parallel.strategy import ATTENTION_NAME, make_ring_attention_forward
 from shardlab.strategies.mesh import MeshDataParallel
-from shardlab.strategies.tensor_parallel.tensor_parallel import HandTensorParallel
+from shardlab.strategies.pipeline_parallel.pipeline import PipelineParallel
+from shardlab.strategies.pipeline_parallel.stages import NeoXStage
+from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
+from shardlab.strategies.zero.fsdp2 import transformer_blocks
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
 
-class ComposedPlan(MeshDataParallel, HandTensorParallel):
-    def wrap(self, model):
+def all_reduce_gradients(params, group, divide_by: int = 1) -> None:
+    """Sum `.grad` (local shards of DTensors included) over `group` in one collective, then divide."""
+    grads = [local_tensor(p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    if divide_by > 1:
+        flat /= divide_by
+    for grad, reduced in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(reduced.view_as(grad))
+
+
+class Composition(MeshDataParallel):
+    """What every composed run shares: the mesh, TP and CP applied to the model, this rank's share of the
+    batch, the loss reduction and the gradient reduction."""
+
+    def compose(self, model):
         fields = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
-        self.mesh = self.topo.mesh(dp=fields["dp"], tp=fields["tp"])
-        self.sequence_parallel = fields["sp"]
-        return super().wrap(model)
+        self.tp_size, self.cp_size, self.sp = fields["tp"], fields["cp"], fields["sp"]
+        self.mesh = self.topo.mesh(pp=fields["pp"], dp=fields["dp"], cp=self.cp_size, tp=self.tp_size)
+        self.replica_mesh = self.topo.flattened(self.mesh, "dp", "cp")  # ranks holding the same parameter shard
+        if self.tp_size > 1:
+            parallelize_neox(model, self.mesh["tp"].get_group(), self.sp, gather_logits=True)
+        self.tp_shard_dims = {n: p.tp_shard_dim for n, p in model.named_parameters() if hasattr(p, "tp_shard_dim")}
+        self.partial_sum_names = {n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)}
+        self.position_ids = None
+        if self.cp_size > 1:
+            ring = Ring(self.mesh["cp"].get_group(), timer=self.comm)
+            AttentionInterface.register(ATTENTION_NAME, make_ring_attention_forward(ring))
+            model.set_attn_implementation(ATTENTION_NAME)
+            self.position_ids = zigzag.positions(self.training["seq_len"], ring.rank, ring.size).to(
+                self.topo.device).unsqueeze(0)
+        return model
 
-    def tp_group(self):
-        return self.mesh["tp"].get_group()
+    @property
+    def cp_rank(self) -> int:
+        return self.mesh["cp"].get_local_rank()
+
+    def local_batch(self, inputs, labels):
+        """This dp rank's rows, and of them this cp rank's zig-zag shard of each sequence."""
+        inputs, labels = super().local_batch(inputs, labels)
+        if self.cp_size == 1:
+            return inputs, labels
+        return zigzag.shard(inputs, self.cp_rank, self.cp_size), zigzag.shard(labels, self.cp_rank, self.cp_size)
 
     def state_namespace(self):
-        return f"dp{self.dp_rank}_tp{self.mesh['tp'].get_local_rank()}"
+        coords = self.mesh.get_coordinate()
+        return "_".join(f"{dim}{c}" for dim, c in zip(self.mesh.mesh_dim_names, coords) if dim in ("pp", "tp"))
+
+    # --- gradients: over exactly the dimensions that replicate each parameter ------------------
+    def sum_partial_gradients(self, params) -> None:
+        """SP: parameters applied to one sequence shard hold partial sums of their gradient; add them up."""
+        if self.sp and self.training["fault_injection"] != "skip_sp_grad_sum":
+            with self.comm.blocked():
+                all_reduce_gradients(params, self.mesh["tp"].get_group())
+
+    def average_replicas(self, params, over_dp: bool = True) -> None:
+        """Average every gradient over the ranks that hold the same shard: dp x cp (or cp alone when FSDP2
+        has averaged over dp already)."""
+        mesh = self.replica_mesh if over_dp else self.mesh["cp"]
+        if mesh.size() == 1 or self.training["fault_injection"] == "skip_grad_average":
+            return
+        with self.comm.blocked():
+            all_reduce_gradients(params, mesh.get_group(), divide_by=mesh.size())
+
+    def mean_over_ranks_holding(self, losses: torch.Tensor, holders: int) -> torch.Tensor:
+        """Global-batch mean losses from the ranks' local means: a sum over the world (ranks that hold no
+        loss contribute zeros) divided by the number of ranks holding one per replica and shard."""
+        dist.all_reduce(losses)
+        return losses / holders
+
+
+class ComposedPlan(Composition, Strategy):
+    """A plan without pipeline stages: dp (replicas or FSDP2) x cp x tp (+sp)."""
+
+    def wrap(self, model):
+        model = self.compose(model)
+        self.fsdp = self.options.get("dp_shard", "replicas") != "replicas"
+        if self.fsdp:
+            self._shard(model, reshard=self.options["dp_shard"] == "fsdp2_full")
+        self.partial_sum_params = [p for n, p in model.named_parameters() if n in self.partial_sum_names]
+        return model
+
+    def _shard(self, model, reshard: bool) -> None:
+        """FSDP2 over `dp` on the TP-sharded model: each dp rank keeps 1/dp of its tp shard."""
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if self.training["dtype"] == "bf16" else MixedPrecisionPolicy()
+        for block in transformer_blocks(model):
+            fully_shard(block, mesh=self.mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(model, mesh=self.mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
+
+    def autocast(self):
+        return contextlib.nullcontext() if self.fsdp else super().autocast()  # FSDP2 casts its gathered weights
+
+    def accumulating(self, last: bool):
+        if self.fsdp:
+            self.model.set_requires_gradient_sync(last)
+        return super().accumulating(last)
+
+    def _loss(self, inputs, labels):
+        position_ids = None if self.position_ids is None else self.position_ids.expand(inputs.shape[0], -1)
+        with self.autocast():
+            return causal_lm_loss(self.model(input_ids=inputs, position_ids=position_ids).logits, labels)
+
+    def forward_backward(self, inputs, labels, scale):
+        loss = self._loss(inputs, labels)
+        (loss * scale).backward()
+        return loss.detach()
+
+    @torch.no_grad()
+    def evaluate(self, inputs, labels):
+        return self._loss(inputs, labels)
 
     def sync_gradients(self) -> None:
-        super().sync_gradients()  # SP's partial sums over tp
-        self.average_over_dp()
+        self.sum_partial_gradients(self.partial_sum_params)
+        self.average_replicas(self.model.parameters(), over_dp=not self.fsdp)
+
+    def reduce_losses(self, losses):
+        return self.mean_over_ranks_holding(losses.detach().float().clone(), self.dp_size * self.cp_size * self.tp_size)
+
+    def full_state_dict(self):
+        """The whole model on the main rank: FSDP2 shards gathered over dp, then TP shards over tp."""
+        state = {}
+        for name, p in self.model.named_parameters():
+            tensor = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
+            if name in self.tp_shard_dims:
+                group = self.mesh["tp"].get_group()
+                chunks = [torch.empty_like(tensor) for _ in range(self.tp_size)]
+                dist.all_gather(chunks, tensor.contiguous(), group=group)
+                tensor = torch.cat(chunks, dim=self.tp_shard_dims[name])
+            state[name] = tensor.cpu().clone()
+        return state if self.topo.is_main else None
+
+
+class ComposedPipeline(Composition, PipelineParallel):
+    """A plan with pipeline stages: the TP/CP model cut into pp x v stages, each dp replica its own pipeline."""
+
+    def wrap(self, model):
+        model = self.compose(model)
+        fields = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
+        self.schedule_class, self.virtual_stages = SCHEDULES[fields["schedule"]], fields["virtual_stages"]
+        return super().wrap(model)
+
+    def pipeline_group(self):
+        pp = self.mesh["pp"]
+        return pp.get_group(), pp.get_local_rank(), pp.size()
+
+    def make_stage(self, model, units):
+        return NeoXStage(model, units, sequence_shards=self.tp_size if self.sp else 1, position_ids=self.position_ids)
+
+    def build_schedule(self, stages):
+        if self.schedule_class is ScheduleInterleaved1F1B:
+            return ScheduleInterleaved1F1B(stages, self.n_microbatches, loss_fn=self._timed_loss)
+        return self.schedule_class(stages[0], self.n_microbatches, loss_fn=self._timed_loss)
+
+    def state_namespace(self):
+        return Composition.state_namespace(self)
+
+    def sync_gradients(self) -> None:
+        self.sum_partial_gradients([p for p in self.model.parameters() if getattr(p, "sequence_parallel", False)])
+        self.average_replicas(self.model.parameters())
+
+    def reduce_losses(self, losses):
+        mine = losses.detach().float().clone() if self.holds_last else torch.zeros_like(losses, dtype=torch.float32)
+        return self.mean_over_ranks_holding(mine, self.dp_size * self.cp_size * self.tp_size)
+
+
+def composed_strategy(model, topo, training: dict, options: dict, name: str = "composed") -> Strategy:
+    """The registry's entry point: a pipeline run when the plan has stages, otherwise a single-stage one."""
+    cls = ComposedPipeline if options.get("pp", 1) > 1 else ComposedPlan
+    return cls(model, topo, training, options, name=name)

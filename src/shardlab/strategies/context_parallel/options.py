@@ -11,8 +11,10 @@ def check_cp_options(spec, exp: dict, where: str, cp: int | str) -> None:
         raise ConfigError(spec.option_field(where, sorted(unknown)[0]), f"unknown option for {spec.name} (known: world_size)")
     if cp == "auto":
         return  # checked again by the sharding code once the world size is known
-    seq_len = exp["training"]["seq_len"]
+    check_cp_sequence(exp["training"]["seq_len"], cp, f"{where}.training.seq_len")
+
+
+def check_cp_sequence(seq_len: int, cp: int, field: str) -> None:
     if seq_len % (2 * cp):
-        raise ConfigError(f"{where}.training.seq_len",
-                          f"{seq_len} is not divisible by 2 x {cp} context-parallel ranks = {2 * cp}: zig-zag "
-                          f"sharding gives each rank two equal chunks (use a multiple of {2 * cp})")
+        raise ConfigError(field, f"{seq_len} is not divisible by 2 x {cp} context-parallel ranks = {2 * cp}: zig-zag "
+                                 f"sharding gives each rank two equal chunks (use a multiple of {2 * cp})")

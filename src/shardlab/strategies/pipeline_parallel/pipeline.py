@@ -78,7 +78,7 @@ class PipelineParallel(Strategy):
         self.holds_first = 0 in self.stage_ids
         self.holds_last = self.n_stages - 1 in self.stage_ids
         self.timeline = OpTimeline()
-        modules = [NeoXStage(model, units[s]) for s in self.stage_ids]
+        modules = [self.make_stage(model, units[s]) for s in self.stage_ids]
         stages = [TimedStage(module, s, self.n_stages, self.topo.device, group=self.pp_group, timeline=self.timeline)
                   for module, s in zip(modules, self.stage_ids)]
         self.schedule = self.build_schedule(stages)
@@ -89,6 +89,9 @@ class PipelineParallel(Strategy):
         self._instrumented_steps: list[int] = []  # loop step indices (>= training.steps: extra steps)
         self._after_eval = False  # the last schedule call was an evaluation
         return nn.ModuleList(modules)
+
+    def make_stage(self, model, units: list) -> NeoXStage:
+        return NeoXStage(model, units)
 
     def state_namespace(self):
         return f"stage_rank{self.pp_rank}"  # this rank's stages; data-parallel replicas of them share it

@@ -25,8 +25,13 @@ class NeoXStage(nn.Module):
     """One contiguous slice of a GPTNeoXForCausalLM. Layers keep their original index as name
     (`layers.2.attention...`), so activation tables line up with the unsplit model's."""
 
-    def __init__(self, causal_lm: nn.Module, units: list):
+    def __init__(self, causal_lm: nn.Module, units: list, sequence_shards: int = 1,
+                 position_ids: torch.Tensor | None = None):
         super().__init__()
+        # Composed with sequence parallelism, a stage past layer 0 receives one of `sequence_shards` shards
+        # of the sequence; composed with context parallelism, its tokens sit at `position_ids` (zig-zag).
+        self.sequence_shards = sequence_shards
+        self.position_ids = position_ids
         base = causal_lm.gpt_neox
         self.config = causal_lm.config
         self.units = list(units)
@@ -41,12 +46,15 @@ class NeoXStage(nn.Module):
         if self.embed_in is not None:
             hidden = self.emb_dropout(self.embed_in(hidden))
         if len(self.layers):
-            position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-            mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
+            seq = hidden.shape[1] * (1 if self.embed_in is not None or "0" in self.layers else self.sequence_shards)
+            position_ids = (torch.arange(seq, device=hidden.device).unsqueeze(0) if self.position_ids is None
+                            else self.position_ids)
+            whole = hidden[:, :1].expand(hidden.shape[0], seq, hidden.shape[2])  # the mask's shape, no copy
+            mask = create_causal_mask(config=self.config, inputs_embeds=whole, attention_mask=None,
                                       cache=None, position_ids=position_ids)
             rope = self.rotary_emb(hidden, position_ids=position_ids)
             for layer in self.layers.values():
                 hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=rope)
         if self.lm_head is not None:
             hidden = self.lm_head(self.final_layer_norm(hidden))
-        return hidden
+        return hidden.contiguous()  # sent to the next stage (SP's reduce-scatter leaves a permuted layout)
