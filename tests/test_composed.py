@@ -27,6 +27,7 @@ PLANS = {
     "fsdp2-dp2-tp2-sp": {"world_size": 4, "tp": 2, "sp": True, "dp_shard": "fsdp2_full"},
     "tp2-cp2": {"world_size": 4, "tp": 2, "cp": 2},
     "dp2-cp2": {"world_size": 4, "cp": 2},
+    "fsdp2-dp2-cp2": {"world_size": 4, "cp": 2, "dp_shard": "fsdp2_grad_op"},
     "pp2-tp2-sp": {"world_size": 4, "tp": 2, "sp": True, "pp": 2, "n_microbatches": 2},
     "pp2-cp2": {"world_size": 4, "cp": 2, "pp": 2, "schedule": "gpipe", "n_microbatches": 2},
     "dp2-tp2-pp2": {"world_size": 8, "tp": 2, "pp": 2, "n_microbatches": 2},

@@ -15,6 +15,8 @@ COMMANDS = {
     "prepare-data": ("shardlab.prepare:data_main", "tokenize an experiment's corpus"),
     "launch": ("shardlab.runner.launch:main", "run one strategy under torchrun and record the outcome"),
     "plan": ("shardlab.costs.planner:main", "predict a parallel plan's memory and step time (evaluate) or rank all plans (search)"),
+    "plan-export": ("shardlab.strategies.composed.export:main",
+                    "write an experiment that runs the planner's top plans as composed runs (plan to run)"),
     "plan-zero": ("shardlab.strategies.zero.tree:main", "pick a ZeRO stage from model size, device memory and count"),
     "tables": ("shardlab.tables:main", "build one topic's tables from run summaries (what the workflow's rules run)"),
 }

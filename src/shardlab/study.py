@@ -20,7 +20,9 @@ from shardlab.science.formats import FORMATS as SCIENCE_FORMATS  # importing reg
 from shardlab.config import check_settings, load_schema, resolve_experiment, run_layout, validate_against_schema
 from shardlab.core.data import TEXT_FORMATS
 from shardlab.errors import ConfigError
+from shardlab.provenance import sources
 from shardlab.strategies import REGISTRY, SINGLE, get_spec, threads_per_rank
+from shardlab.strategies.composed.export import plan_search
 from shardlab.tables.parity import check_sensitivity_config, noise_floor_runs, planned_tolerance
 
 
@@ -28,6 +30,7 @@ from shardlab.tables.parity import check_sensitivity_config, noise_floor_runs, p
 class Study:
     experiments: dict[str, dict]  # name -> resolved settings
     shared_references: dict[str, str]  # experiment -> earlier experiment whose identical `single` run it reuses
+    plan_search: dict  # what the plan-to-run loop found (strategies.composed.export.plan_search), or {}
 
     @property
     def runs(self) -> list[tuple[str, str]]:
@@ -155,14 +158,11 @@ def run_resources(exp: dict, strategy: str) -> dict:
 
 
 def run_sources(strategy: str) -> list[str]:
-    """The source files a run of `strategy` executes (config, core, runner, the registry and its own
-    family package or module): a run declares them, so editing one reruns only the runs it touches."""
+    """The source files a run of `strategy` executes (config, core, runner, and the strategy's module with
+    everything it imports): a run declares them, so editing one reruns only the runs it touches."""
     package = Path(__file__).parent
-    module = package.joinpath(*REGISTRY[strategy].target.split(":")[0].split(".")[1:])
-    own = sorted(module.parent.glob("*.py")) if module.parent != package / "strategies" else [module.with_suffix(".py")]
-    shared = [*package.glob("core/*.py"), *package.glob("runner/*.py"),
-              *(package / f for f in ("config.py", "errors.py", "strategies/__init__.py", "strategies/spec.py",
-                                      "strategies/base.py"))]
+    own = sources(REGISTRY[strategy].target.split(":")[0])
+    shared = [*package.glob("core/*.py"), *package.glob("runner/*.py"), package / "config.py"]
     return sorted(str(f) for f in {*own, *shared})
 
 
@@ -254,6 +254,8 @@ def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     check_output_dirs(config, base_dir)
     check_report(config, base_dir)
     check_planning(config)
+    searched, found = plan_search(config, schema)  # the plan-to-run loop's experiment, found by the planner
+    config = {**config, "experiments": {**config["experiments"], **searched}}
     experiments = {name: resolve_experiment(config, name, schema) for name in config["experiments"]}
     for exp in experiments.values():
         exp["noise_floor_runs"] = noise_floor_runs(exp)  # the runs the parity rule needs beside the listed ones
@@ -261,7 +263,7 @@ def load_study(config: dict, base_dir: Path | str = ".") -> Study:
     _check_unique_names(experiments)
     check_pretrain(experiments)
     check_sensitivity_config(config, experiments)
-    return Study(experiments, shared_references(experiments))
+    return Study(experiments, shared_references(experiments), found)
 
 
 def load_study_file(path: Path | str, base_dir: Path | str = ".") -> Study:

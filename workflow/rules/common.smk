@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from shardlab.errors import ConfigError
+from shardlab.provenance import sources
 from shardlab.strategies import SINGLE, launch_threads
 from shardlab.study import load_study, prepared_inputs, run_resources, run_sources
 
@@ -71,9 +72,9 @@ def repo_path(path):
     return os.path.join(workflow.basedir, path)
 
 
-def code(*modules):
-    """Source files of shardlab modules (e.g. 'tables/zero'): a rule reruns when they change."""
-    return [f"{SRC}/{m}.py" for m in modules]
+def sources_of(module):
+    """The files a shardlab module (e.g. 'tables/verdicts') executes: itself and everything it imports."""
+    return [str(p) for p in sources("shardlab." + module.replace("/", "."))]
 
 
 def job_threads(threads_used):
@@ -149,7 +150,7 @@ def topic_inputs(topic, metrics=False):
         "summaries": [f"{run_dir(e, s)}/summary.json" for e, s in runs],
         "experiments": [settings_file(e) for e in experiments],
         "models": sorted({model_record(e) for e in experiments}),
-        "code": code("tables/__init__", f"tables/{topic}"),
+        "code": sources_of(f"tables/{topic}"),
     }
     if metrics:
         inputs["metrics"] = [f"{run_dir(e, s)}/metrics.jsonl" for e, s in runs]

@@ -13,7 +13,6 @@ PIPELINE_TABLES = table_files(
 rule pipeline_tables:
     input:
         **topic_inputs("pipeline"),
-        cost_models=code("costs/bubble"),
     output:
         PIPELINE_TABLES,
     log:

@@ -18,21 +18,7 @@ PLANNING_TABLES = table_files(
 
 rule planning_tables:
     input:
-        code=code(
-            "tables/planning",
-            "core/pool",
-            "costs/plan",
-            "costs/predict",
-            "costs/rank_memory",
-            "costs/step_time",
-            "costs/search",
-            "costs/planner",
-            "costs/published",
-            "costs/crosscheck",
-            "costs/memory",
-            "costs/activations",
-            "costs/shapes",
-        ),
+        code=sources_of("tables/planning"),
         catalogs=[
             f"{SRC}/costs/hardware.yaml",
             f"{SRC}/costs/models.yaml",

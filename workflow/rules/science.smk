@@ -25,9 +25,7 @@ SCIENCE_INPUTS = {
     "metrics": [f"{run_dir(e, s)}/metrics.jsonl" for e, s in SCIENCE_RUNS],
     "experiments": [settings_file(e) for e in SCIENCE_EXPERIMENTS],
     "tables": [SCIENCE_METRICS.format(exp=e) for e in SCIENCE_EXPERIMENTS] + TOKENIZER_TABLES,
-    "code": code(
-        "tables/__init__", "tables/science", "science/formats", "science/evaluate", "science/domains"
-    ),
+    "code": sources_of("tables/science"),
 }
 
 
@@ -40,7 +38,7 @@ ruleorder: pretrain > prepare_model
 rule pretrain:
     input:
         sources=lambda w: [repo_path(c["path"]) for c in STUDY.pretrain_settings(w.model)["corpora"]],
-        code=lambda w: code("pretrain", "science/tokenization") + run_sources(PRETRAIN_RUNS[w.model][1]),
+        code=lambda w: sources_of("pretrain") + run_sources(PRETRAIN_RUNS[w.model][1]),
     output:
         record=f"{RESOURCES}/models/{{model}}/shardlab_model.json",
         tokenizers=f"{RESOURCES}/models/{{model}}/tokenizers.{{model}}.csv",
@@ -89,14 +87,7 @@ rule science_evaluate:
         splits=f"{RESULTS}/{{exp}}/splits/manifest.json",
         summaries=lambda w: run_files(w.exp, "summary.json"),
         base_model=lambda w: model_record(w.exp),  # step 0 of every curve: the model before fine-tuning
-        code=code(
-            "core/model",
-            "science/evaluate",
-            "science/domains",
-            "science/measures",
-            "science/language_model",
-            "core/pool",
-        ),
+        code=sources_of("science/evaluate"),
     output:
         SCIENCE_METRICS,
     log:

@@ -25,7 +25,6 @@ rule tensor_parallel_tables:
     input:
         **TP_INPUTS,
         tables=table_files("ranks"),
-        cost_models=code("costs/activations", "costs/shapes", "tables/data_parallel"),
     output:
         TP_TABLES,
     log:
@@ -43,11 +42,7 @@ rule tp_inference:
     input:
         settings=[settings_file(exp) for exp in TP_EXPERIMENTS[:1]],
         model=[model_record(exp) for exp in TP_EXPERIMENTS[:1]],
-        code=code(
-            "bench/inference",
-            "strategies/tensor_parallel/__init__",
-            "strategies/tensor_parallel/tensor_parallel",
-        ),
+        code=sources_of("bench/inference"),
     output:
         TP_INFERENCE,
     log:

@@ -9,7 +9,6 @@ ZERO_TABLES = table_files(
 rule zero_tables:
     input:
         **topic_inputs("zero"),
-        cost_models=code("costs/memory", "costs/zero_tree"),
     output:
         ZERO_TABLES,
     log:

@@ -46,8 +46,26 @@ SINGLE_REORDERED = StrategySpec(
     "order, so its distance from `single` is the rounding noise the parity check allows for (tables.parity).",
     single_process=True, check_options=check_reorderable, micro_batch_rows=smaller_micro_batch)
 
+class Registry(dict):
+    """name -> StrategySpec. Besides the registered names, any `composed_<plan>` is one more composed plan:
+    the `composed` strategy under that name, its options at `strategy_options.composed_<plan>`, so that one
+    experiment runs several plans, each its own run. Such names are looked up, never listed: iterating
+    gives the registered strategies only."""
+
+    def __missing__(self, name: str) -> StrategySpec:
+        if isinstance(name, str) and name.startswith(composed.VARIANT_PREFIX):
+            return composed.variant(name)
+        raise KeyError(name)
+
+    def __contains__(self, name) -> bool:
+        return super().__contains__(name) or (isinstance(name, str) and name.startswith(composed.VARIANT_PREFIX))
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+
 _FAMILIES = (data_parallel, zero, tensor_parallel, pipeline_parallel, context_parallel, expert_parallel, composed)
-REGISTRY: dict[str, StrategySpec] = {spec.name: spec for spec in [SINGLE, SINGLE_REORDERED, *(s for f in _FAMILIES for s in f.SPECS)]}
+REGISTRY: Registry = Registry({spec.name: spec for spec in [SINGLE, SINGLE_REORDERED, *(s for f in _FAMILIES for s in f.SPECS)]})
 TOPICS: tuple[str, ...] = tuple(dict.fromkeys(spec.topic for spec in REGISTRY.values()))
 # Runs that measure rounding noise for the parity rule, not a technique: no ranking or claim counts them.
 NOISE_RUNS: frozenset[str] = frozenset(filter(None, (x for s in REGISTRY.values() for x in (s.reordered, s.bf16_twin))))

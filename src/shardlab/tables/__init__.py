@@ -1,7 +1,7 @@
 """Run results -> the tidy tables the report draws, one module per topic.
 
 Each topic (`runs`, `data_parallel`, `zero`, `tensor_parallel`, `pipeline`, `context_expert`,
-`communication`, `science`) has a module here with `build(inputs) -> {table name: DataFrame}`, a
+`composed`, `communication`, `science`) has a module here with `build(inputs) -> {table name: DataFrame}`, a
 rule file `workflow/rules/<topic>.smk` that declares its inputs, and a report section
 `reports/sections/<topic>.qmd` that only draws its tables. Every derived number (parity against
 the reference, theory and model predictions beside the measurements) is a column computed here,
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "communication",
-          "science", "verdicts", "planning", "predictions")
+TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "composed",
+          "communication", "science", "verdicts", "planning", "predictions")
 
 
 @dataclass

@@ -1,17 +1,20 @@
 """Composed plans: one run laid out by a Plan's degrees on one named device mesh (pp, dp, cp, tp),
 tensor parallelism innermost as in Megatron, reusing the hand-written techniques: TP (+SP) inside each
 `tp` group, ring attention over `cp`, pipeline stages and schedules over `pp`, and the data-parallel
-replicas (or FSDP2 shards) over `dp`.
+replicas over `dp` (or FSDP2 shards over `dp` x `cp`, the ranks that hold the same parameters).
 
 strategy_options.composed (every degree defaults to 1; dp is what the others leave of the world size):
   world_size: int
   tp: int, sp: bool                       tensor parallelism, with or without sequence parallelism
   cp: int                                 context parallelism (zig-zag shards, ring attention)
   pp: int, schedule: gpipe|1f1b|interleaved, virtual_stages: int, n_microbatches: int
-  dp_shard: replicas|fsdp2_full|fsdp2_grad_op   how the dp ranks hold the model (FSDP2: not with pp > 1)
+  dp_shard: replicas|fsdp2_full|fsdp2_grad_op   how dp (x cp) ranks hold the model (FSDP2: not with pp > 1)
 """
 
 from __future__ import annotations
+
+import functools
+from dataclasses import replace
 
 from shardlab.errors import ConfigError
 from shardlab.strategies.context_parallel.options import check_cp_sequence
@@ -124,12 +127,17 @@ def _check_pipeline(spec: StrategySpec, exp: dict, where: str, world: int | str)
             raise ConfigError(field("n_microbatches"), f"{m} does not divide the per-replica batch {local}")
 
 
-SPECS = [
-    StrategySpec("composed", "shardlab.strategies.composed.strategy:composed_strategy", Family.HYBRID,
-                 "tensor_parallel",
-                 "A Plan's degrees on one (pp, dp, cp, tp) mesh: hand-written TP (+SP), ring attention, pipeline "
-                 "schedules and data-parallel replicas or FSDP2 shards, composed.",
-                 plan=composed_plan,
-                 check_options=all_of(only_options("tp", "sp", "cp", "pp", "schedule", "virtual_stages",
-                                                   "n_microbatches", "dp_shard"), check_choices, check_degrees)),
-]
+COMPOSED = StrategySpec(
+    "composed", "shardlab.strategies.composed.strategy:composed_strategy", Family.HYBRID, "composed",
+    "A Plan's degrees on one (pp, dp, cp, tp) mesh: hand-written TP (+SP), ring attention, pipeline schedules and "
+    "data-parallel replicas or FSDP2 shards, composed.",
+    plan=composed_plan, check_options=all_of(only_options("tp", "sp", "cp", "pp", "schedule", "virtual_stages",
+                                                          "n_microbatches", "dp_shard"), check_choices, check_degrees))
+SPECS = [COMPOSED]
+# More composed plans in one experiment: `composed_<plan>` names the same strategy with its own options.
+VARIANT_PREFIX = "composed_"
+
+
+@functools.cache
+def variant(name: str) -> StrategySpec:
+    return replace(COMPOSED, name=name)

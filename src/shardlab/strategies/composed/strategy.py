@@ -4,12 +4,12 @@ tensor-parallel group sits inside a node), and on it, in this order:
 1. hand-written TP (+SP) inside each `tp` group (`tensor_parallel.parallelize_neox`);
 2. ring attention over each `cp` group on a zig-zag shard of every sequence, with global positions;
 3. with pp > 1, the TP/CP model cut into stages (`pipeline_parallel.stages`) and run by a
-   torch.distributed.pipelining schedule over each `pp` group, otherwise FSDP2 over `dp` if asked;
+   torch.distributed.pipelining schedule over each `pp` group, otherwise FSDP2 over `dp` x `cp` if asked;
 4. data-parallel replicas: each dp rank trains on its own rows of the batch.
 
 Gradients are reduced over exactly the dimensions that replicate a parameter: SP's partial sums
 (LayerNorms and row-parallel biases applied to one sequence shard) over `tp`; every parameter's
-replicas over `dp` x `cp` (one flattened group; FSDP2 has already averaged over `dp` itself).
+replicas over `dp` x `cp` (one flattened group, over which FSDP2 also shards and averages).
 """
 
 from __future__ import annotations
@@ -93,10 +93,9 @@ class Composition(MeshDataParallel):
             with self.comm.blocked():
                 all_reduce_gradients(params, self.mesh["tp"].get_group())
 
-    def average_replicas(self, params, over_dp: bool = True) -> None:
-        """Average every gradient over the ranks that hold the same shard: dp x cp (or cp alone when FSDP2
-        has averaged over dp already)."""
-        mesh = self.replica_mesh if over_dp else self.mesh["cp"]
+    def average_replicas(self, params) -> None:
+        """Average every gradient over the ranks that hold the same parameters: dp x cp."""
+        mesh = self.replica_mesh
         if mesh.size() == 1 or self.training["fault_injection"] == "skip_grad_average":
             return
         with self.comm.blocked():
@@ -121,12 +120,13 @@ class ComposedPlan(Composition, Strategy):
         return model
 
     def _shard(self, model, reshard: bool) -> None:
-        """FSDP2 over `dp` on the TP-sharded model: each dp rank keeps 1/dp of its tp shard."""
+        """FSDP2 over every rank that holds the same parameters, dp x cp (as the Plan's ZeRO group): each
+        keeps 1/(dp·cp) of its tp shard, and FSDP2's reduce-scatter averages the gradients over them."""
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if self.training["dtype"] == "bf16" else MixedPrecisionPolicy()
         for block in transformer_blocks(model):
-            fully_shard(block, mesh=self.mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(model, mesh=self.mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
+            fully_shard(block, mesh=self.replica_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(model, mesh=self.replica_mesh, reshard_after_forward=reshard, mp_policy=mp)
 
     def autocast(self):
         return contextlib.nullcontext() if self.fsdp else super().autocast()  # FSDP2 casts its gathered weights
@@ -152,7 +152,8 @@ class ComposedPlan(Composition, Strategy):
 
     def sync_gradients(self) -> None:
         self.sum_partial_gradients(self.partial_sum_params)
-        self.average_replicas(self.model.parameters(), over_dp=not self.fsdp)
+        if not self.fsdp:  # FSDP2's reduce-scatter has averaged over dp x cp already
+            self.average_replicas(self.model.parameters())
 
     def reduce_losses(self, losses):
         return self.mean_over_ranks_holding(losses.detach().float().clone(), self.dp_size * self.cp_size * self.tp_size)
@@ -191,9 +192,6 @@ class ComposedPipeline(Composition, PipelineParallel):
         if self.schedule_class is ScheduleInterleaved1F1B:
             return ScheduleInterleaved1F1B(stages, self.n_microbatches, loss_fn=self._timed_loss)
         return self.schedule_class(stages[0], self.n_microbatches, loss_fn=self._timed_loss)
-
-    def state_namespace(self):
-        return Composition.state_namespace(self)
 
     def sync_gradients(self) -> None:
         self.sum_partial_gradients([p for p in self.model.parameters() if getattr(p, "sequence_parallel", False)])

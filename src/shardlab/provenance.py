@@ -1,0 +1,62 @@
+"""Which source files a piece of work executes: a module and every shardlab module it imports, at module
+level or inside functions, followed through the package. The workflow declares them as a job's inputs,
+so that an edit to any of them, and only to them, reruns the job."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent
+
+
+def module_path(module: str) -> Path | None:
+    """'shardlab.strategies.composed' -> its file (a package's __init__.py), None outside the package."""
+    parts = module.split(".")
+    if parts[0] != "shardlab":
+        return None
+    base = PACKAGE.joinpath(*parts[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _module_name(path: Path) -> str:
+    name = ".".join(("shardlab", *path.relative_to(PACKAGE).with_suffix("").parts))
+    return name.removesuffix(".__init__")
+
+
+@functools.cache
+def direct_imports(path: Path) -> frozenset[Path]:
+    """The shardlab files `path` imports (a `from package import name` counts the submodule where there is one)."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])])
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found |= {p for p in map(module_path, names) if p is not None}
+    return frozenset(found - {path})
+
+
+def sources(module: str) -> list[Path]:
+    """`module`'s file, the packages above it (their __init__ runs on import) and everything they import."""
+    start = module_path(module)
+    if start is None:
+        raise ValueError(f"{module!r} is not a shardlab module")
+    parents = [module_path(".".join(module.split(".")[:k])) for k in range(2, len(module.split(".")))]
+    todo, seen = [start, *filter(None, parents)], set()
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(direct_imports(path))
+    return sorted(seen)
