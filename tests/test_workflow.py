@@ -219,21 +219,42 @@ def test_a_run_on_a_corrupt_model_is_recorded_with_its_path(tiny_assets, tmp_pat
     assert summary["reason"].startswith(f"rank 0: ArtifactError: cannot load the model in {model_dir}"), summary["reason"]
 
 
-def test_a_run_declares_the_code_it_executes():
-    """Editing a strategy reruns its family's runs only; editing the loop reruns every run."""
-    from types import SimpleNamespace
-
+def _rule_inputs(rule: str, kind: str):
+    """A rule's declared input `kind` of the reduced study (a list, or a function of the wildcards)."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import ConfigSettings, ResourceSettings
 
     with SnakemakeApi() as api:
         workflow = api.workflow(resource_settings=ResourceSettings(cores=2), snakefile=REPO / "Snakefile",
                                 config_settings=ConfigSettings(configfiles=[REPO / "config/test.yaml"]), workdir=REPO)
-        code = workflow.dag().workflow_api._workflow.get_rule("run_strategy").input.get("code")
-        files = {s: {str(Path(f).relative_to(REPO / "src/shardlab")) for f in code(SimpleNamespace(strategy=s))}
-                 for s in ("single", "dp_naive", "zero2")}
+        return workflow.dag().workflow_api._workflow.get_rule(rule).input.get(kind)
+
+
+def _relative(files) -> set[str]:
+    return {str(Path(f).relative_to(REPO / "src/shardlab")) for f in files}
+
+
+def test_a_run_declares_the_code_it_executes():
+    """Editing a strategy reruns the runs that import it only; editing the loop reruns every run."""
+    from types import SimpleNamespace
+
+    code = _rule_inputs("run_strategy", "code")
+    files = {s: _relative(code(SimpleNamespace(strategy=s))) for s in ("single", "dp_naive", "zero2", "composed")}
     for strategy in files:
         assert {"runner/loop.py", "runner/worker.py", "core/model.py", "strategies/base.py"} <= files[strategy]
     assert "strategies/data_parallel/naive.py" in files["dp_naive"] and "strategies/zero/deepspeed.py" in files["zero2"]
-    assert not any(f.startswith("strategies/zero/") for f in files["dp_naive"] | files["single"])
+    implementations = {"strategies/zero/deepspeed.py", "strategies/zero/fsdp2.py", "strategies/pipeline_parallel/pipeline.py"}
+    assert not implementations & (files["dp_naive"] | files["single"])
     assert "strategies/single.py" in files["single"]
+    # A composed run executes the techniques it composes, in their own families' packages.
+    assert {"strategies/tensor_parallel/tensor_parallel.py", "strategies/pipeline_parallel/pipeline.py",
+            "strategies/context_parallel/ring_attention.py", "strategies/zero/fsdp2.py"} <= files["composed"]
+
+
+@pytest.mark.parametrize("rule, imported", [("verdicts_tables", "costs/memory.py"),
+                                            ("data_parallel_tables", "core/timing.py"),
+                                            ("composed_tables", "costs/rank_memory.py")])
+def test_a_table_rule_declares_every_module_its_builder_imports(rule, imported):
+    """Tables never go stale: a table rule's code inputs are its builder and everything that imports, so an
+    edit to any of them reruns the rule (Snakemake reruns a job whose input changed)."""
+    assert imported in _relative(_rule_inputs(rule, "code"))

@@ -73,8 +73,8 @@ def repo_path(path):
 
 
 def sources_of(module):
-    """The files a shardlab module (e.g. 'tables/verdicts') executes: itself and everything it imports."""
-    return [str(p) for p in sources("shardlab." + module.replace("/", "."))]
+    """The files a shardlab module (e.g. 'tables.verdicts') executes: itself and everything it imports."""
+    return [str(p) for p in sources(f"shardlab.{module}")]
 
 
 def job_threads(threads_used):
@@ -150,7 +150,7 @@ def topic_inputs(topic, metrics=False):
         "summaries": [f"{run_dir(e, s)}/summary.json" for e, s in runs],
         "experiments": [settings_file(e) for e in experiments],
         "models": sorted({model_record(e) for e in experiments}),
-        "code": sources_of(f"tables/{topic}"),
+        "code": sources_of(f"tables.{topic}"),
     }
     if metrics:
         inputs["metrics"] = [f"{run_dir(e, s)}/metrics.jsonl" for e, s in runs]

@@ -11,7 +11,7 @@ COMMUNICATION_TABLES = table_files(
 
 rule comm_bench:
     input:
-        code=sources_of("bench/comm"),
+        code=sources_of("bench.comm"),
     output:
         bench=COMM_BENCH_TABLES[0],
         fit=COMM_BENCH_TABLES[1],
@@ -37,7 +37,7 @@ rule communication_tables:
         tables=[*table_files("runs"), COMM_BENCH_TABLES[1]],
         experiments=[settings_file(exp) for exp in EXPERIMENTS],
         models=sorted({model_record(exp) for exp in EXPERIMENTS}),
-        code=sources_of("tables/communication"),
+        code=sources_of("tables.communication"),
     output:
         COMMUNICATION_TABLES,
     log:

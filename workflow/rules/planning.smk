@@ -18,7 +18,7 @@ PLANNING_TABLES = table_files(
 
 rule planning_tables:
     input:
-        code=sources_of("tables/planning"),
+        code=sources_of("tables.planning"),
         catalogs=[
             f"{SRC}/costs/hardware.yaml",
             f"{SRC}/costs/models.yaml",

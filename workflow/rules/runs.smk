@@ -28,7 +28,7 @@ rule runs_tables:
         experiments=[settings_file(exp) for exp in EXPERIMENTS],
         models=sorted({model_record(exp) for exp in EXPERIMENTS}),
         tables=SENSITIVITY_LOSSES,
-        code=sources_of("tables/runs"),
+        code=sources_of("tables.runs"),
     output:
         RUNS_TABLES,
     log:
@@ -49,7 +49,7 @@ if SENSITIVITY:
             settings=settings_file(SENSITIVITY["experiment"]),
             model=model_record(SENSITIVITY["experiment"]),
             tokens=tokens_path(SENSITIVITY["experiment"]),
-            code=sources_of("bench/parity_sensitivity")
+            code=sources_of("bench.parity_sensitivity")
             + sorted({f for s in sensitivity_strategies() for f in run_sources(s)}),
         output:
             SENSITIVITY_LOSSES,

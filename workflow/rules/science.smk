@@ -25,7 +25,7 @@ SCIENCE_INPUTS = {
     "metrics": [f"{run_dir(e, s)}/metrics.jsonl" for e, s in SCIENCE_RUNS],
     "experiments": [settings_file(e) for e in SCIENCE_EXPERIMENTS],
     "tables": [SCIENCE_METRICS.format(exp=e) for e in SCIENCE_EXPERIMENTS] + TOKENIZER_TABLES,
-    "code": sources_of("tables/science"),
+    "code": sources_of("tables.science"),
 }
 
 
@@ -87,7 +87,7 @@ rule science_evaluate:
         splits=f"{RESULTS}/{{exp}}/splits/manifest.json",
         summaries=lambda w: run_files(w.exp, "summary.json"),
         base_model=lambda w: model_record(w.exp),  # step 0 of every curve: the model before fine-tuning
-        code=sources_of("science/evaluate"),
+        code=sources_of("science.evaluate"),
     output:
         SCIENCE_METRICS,
     log:

@@ -42,7 +42,7 @@ rule tp_inference:
     input:
         settings=[settings_file(exp) for exp in TP_EXPERIMENTS[:1]],
         model=[model_record(exp) for exp in TP_EXPERIMENTS[:1]],
-        code=sources_of("bench/inference"),
+        code=sources_of("bench.inference"),
     output:
         TP_INFERENCE,
     log:

@@ -14,7 +14,7 @@ VERDICT_EVIDENCE += TIMING_NOISE
 rule verdicts_tables:
     input:
         tables=VERDICT_EVIDENCE,
-        code=sources_of("tables/verdicts"),
+        code=sources_of("tables.verdicts"),
     output:
         VERDICT_TABLES,
     log:

@@ -24,10 +24,21 @@ import time
 import torch
 
 FAULT_STEP = 1
-# Faults the strategies themselves inject (a reduction skipped, so the parity check must fail):
-# skip_grad_average (data-parallel replicas) and skip_sp_grad_sum (SP's partial LayerNorm gradients, composed).
-NUMERIC_FAULTS = ("skip_grad_average", "skip_sp_grad_sum")
+# Faults that remove one gradient reduction from a strategy, so that its parity check must fail: the
+# methods that reduce, by name (every strategy names its reductions so), replaced by no-ops for the run.
+NUMERIC_FAULTS = {
+    "skip_grad_average": ("average_replica_gradients", "bucket_ready"),  # data-parallel replicas' average
+    "skip_sp_grad_sum": ("sum_partial_gradients",),  # SP's partial LayerNorm gradients over tp
+}
 ONCE_STEP = 3  # late enough for a checkpoint before it
+
+
+def remove_reductions(strategy, kind: str) -> None:
+    """Test hook: `strategy` with the reductions a numeric fault names skipped (each rank keeps its own
+    partial gradients, so the run must leave its reference)."""
+    for name in NUMERIC_FAULTS.get(kind, ()):
+        if hasattr(strategy, name):
+            setattr(strategy, name, lambda *args, **kwargs: None)
 
 
 def inject_fault(kind: str, step: int, rank: int, resumed: bool = False) -> None:

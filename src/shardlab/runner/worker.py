@@ -27,6 +27,7 @@ from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
 from shardlab.core.timing import timed_steps
 from shardlab.runner.checkpoint import Checkpointer, resume_key
+from shardlab.runner.faults import remove_reductions
 from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model, snapshot_dir
 from shardlab.strategies import NOISE_RUNS, get_spec, threads_per_rank
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> None:
         phases.done("model_load")
         options = exp.get("strategy_options", {}).get(args.strategy, {})
         strategy = get_spec(args.strategy).build(model, topo, training, options)
+        remove_reductions(strategy, training["fault_injection"])  # test hook: none unless a numeric fault
         phases.done("strategy_setup")
         if topo.is_main and strategy.artifacts():
             (out / "artifacts").mkdir(exist_ok=True)

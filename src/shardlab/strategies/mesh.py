@@ -34,10 +34,9 @@ class MeshDataParallel:
     def dp_group(self):
         return self.mesh["dp"].get_group()
 
-    def average_over_dp(self) -> None:
-        """The replicas' gradients averaged over dp, timed as communication (skipped by the
-        `skip_grad_average` fault, which the can-fail parity tests inject)."""
-        if self.dp_size == 1 or self.training["fault_injection"] == "skip_grad_average":
+    def average_replica_gradients(self) -> None:
+        """The replicas' gradients averaged over dp, timed as communication."""
+        if self.dp_size == 1:
             return
         with self.comm.blocked():
             all_reduce_mean_gradients(self.model.parameters(), self.dp_group, self.dp_size)

@@ -28,7 +28,8 @@ from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.ring_comms import Ring
 from shardlab.strategies.context_parallel.strategy import ATTENTION_NAME, make_ring_attention_forward
 from shardlab.strategies.mesh import MeshDataParallel
-from shardlab.strategies.pipeline_parallel.pipeline import PipelineParallel
+from shardlab.strategies.pipeline_parallel.measure import PipelineProbe
+from shardlab.strategies.pipeline_parallel.pipeline import GPipe
 from shardlab.strategies.pipeline_parallel.stages import NeoXStage
 from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
 from shardlab.strategies.zero.fsdp2 import transformer_blocks
@@ -89,17 +90,17 @@ class Composition(MeshDataParallel):
     # --- gradients: over exactly the dimensions that replicate each parameter ------------------
     def sum_partial_gradients(self, params) -> None:
         """SP: parameters applied to one sequence shard hold partial sums of their gradient; add them up."""
-        if self.sp and self.training["fault_injection"] != "skip_sp_grad_sum":
+        if self.sp:
             with self.comm.blocked():
                 all_reduce_gradients(params, self.mesh["tp"].get_group())
 
-    def average_replicas(self, params) -> None:
+    def average_replica_gradients(self) -> None:
         """Average every gradient over the ranks that hold the same parameters: dp x cp."""
         mesh = self.replica_mesh
-        if mesh.size() == 1 or self.training["fault_injection"] == "skip_grad_average":
+        if mesh.size() == 1:
             return
         with self.comm.blocked():
-            all_reduce_gradients(params, mesh.get_group(), divide_by=mesh.size())
+            all_reduce_gradients(self.model.parameters(), mesh.get_group(), divide_by=mesh.size())
 
     def mean_over_ranks_holding(self, losses: torch.Tensor, holders: int) -> torch.Tensor:
         """Global-batch mean losses from the ranks' local means: a sum over the world (ranks that hold no
@@ -153,7 +154,7 @@ class ComposedPlan(Composition, Strategy):
     def sync_gradients(self) -> None:
         self.sum_partial_gradients(self.partial_sum_params)
         if not self.fsdp:  # FSDP2's reduce-scatter has averaged over dp x cp already
-            self.average_replicas(self.model.parameters())
+            self.average_replica_gradients()
 
     def reduce_losses(self, losses):
         return self.mean_over_ranks_holding(losses.detach().float().clone(), self.dp_size * self.cp_size * self.tp_size)
@@ -172,7 +173,7 @@ class ComposedPlan(Composition, Strategy):
         return state if self.topo.is_main else None
 
 
-class ComposedPipeline(Composition, PipelineParallel):
+class ComposedPipeline(Composition, PipelineProbe, GPipe):
     """A plan with pipeline stages: the TP/CP model cut into pp x v stages, each dp replica its own pipeline."""
 
     def wrap(self, model):
@@ -190,12 +191,12 @@ class ComposedPipeline(Composition, PipelineParallel):
 
     def build_schedule(self, stages):
         if self.schedule_class is ScheduleInterleaved1F1B:
-            return ScheduleInterleaved1F1B(stages, self.n_microbatches, loss_fn=self._timed_loss)
-        return self.schedule_class(stages[0], self.n_microbatches, loss_fn=self._timed_loss)
+            return ScheduleInterleaved1F1B(stages, self.n_microbatches, loss_fn=self.loss)
+        return self.schedule_class(stages[0], self.n_microbatches, loss_fn=self.loss)
 
     def sync_gradients(self) -> None:
         self.sum_partial_gradients([p for p in self.model.parameters() if getattr(p, "sequence_parallel", False)])
-        self.average_replicas(self.model.parameters())
+        self.average_replica_gradients()
 
     def reduce_losses(self, losses):
         mine = losses.detach().float().clone() if self.holds_last else torch.zeros_like(losses, dtype=torch.float32)

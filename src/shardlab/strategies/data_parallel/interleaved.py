@@ -31,15 +31,18 @@ class InterleavedDataParallel(Strategy):
         bucket = self._buckets[index]
 
         def hook(_param):
-            if not self._sync_this_backward or self.training["fault_injection"] == "skip_grad_average":
-                return
-            ready = self._pending.get(index, 0) + 1
-            if ready == len(bucket.params):
-                bucket.launch(async_op=True)  # overlaps with the rest of backward
-                ready = 0
-            self._pending[index] = ready
+            if self._sync_this_backward:
+                self.bucket_ready(index, bucket)
 
         return hook
+
+    def bucket_ready(self, index: int, bucket) -> None:
+        """One more of the bucket's gradients is ready: launch its all-reduce once all of them are."""
+        ready = self._pending.get(index, 0) + 1
+        if ready == len(bucket.params):
+            bucket.launch(async_op=True)  # overlaps with the rest of backward
+            ready = 0
+        self._pending[index] = ready
 
     @contextlib.contextmanager
     def accumulating(self, last: bool):
@@ -51,8 +54,9 @@ class InterleavedDataParallel(Strategy):
             self._sync_this_backward = True
 
     def sync_gradients(self) -> None:
-        if self.training["fault_injection"] == "skip_grad_average":
-            return
+        self.average_replica_gradients()
+
+    def average_replica_gradients(self) -> None:
         with self.comm.blocked():
             for bucket in self._buckets:
                 if bucket.work is None:

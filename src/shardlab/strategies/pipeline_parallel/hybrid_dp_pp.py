@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from shardlab.strategies.mesh import MeshDataParallel
 from shardlab.strategies.pipeline_parallel.options import DEFAULT_HYBRID_PP
-from shardlab.strategies.pipeline_parallel.pipeline import OneForwardOneBackward
+from shardlab.strategies.pipeline_parallel.measured import Measured1F1B
 
 
-class HybridDataPipeline(MeshDataParallel, OneForwardOneBackward):
+class HybridDataPipeline(MeshDataParallel, Measured1F1B):
     measures_comm = True  # the data-parallel all-reduce; pipeline sends happen inside the schedule
 
     def pipeline_group(self):
@@ -23,7 +23,7 @@ class HybridDataPipeline(MeshDataParallel, OneForwardOneBackward):
         return self.mesh["pp"].get_group(), self.mesh["pp"].get_local_rank(), pp
 
     def sync_gradients(self) -> None:
-        self.average_over_dp()
+        self.average_replica_gradients()
 
     def extra_metrics(self) -> dict:
         return dict(super().extra_metrics(), dp_rank=self.dp_rank, dp_size=self.dp_size, pp_rank=self.pp_rank)

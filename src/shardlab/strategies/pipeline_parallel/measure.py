@@ -1,4 +1,5 @@
-"""What a pipeline run measures beyond the shared loop: per-stage busy time and live activations.
+"""What a pipeline run measures beyond the shared loop: per-stage busy time and live activations,
+recorded by `PipelineProbe` (a mixin the registered pipeline strategies put before the schedule).
 
 - `OpTimeline`: start/end of every forward, loss and backward op a rank computes during a schedule
   step, relative to the step's start (all ranks start together after a barrier). Idle time is the
@@ -14,9 +15,16 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+
+#: Steps whose op timeline and live saved bytes are recorded (medians over them): the untimed warm-up
+#: steps after step 0, topped up with extra untimed steps after training when warm-up has fewer.
+MEASURED_STEPS = 5
 
 
 class OpTimeline:
@@ -104,3 +112,123 @@ class LiveSavedBytes:
 
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage that timestamps each forward and backward chunk it computes."""
+
+    def __init__(self, *args, timeline: OpTimeline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timeline = timeline
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        return self.timeline.timed("forward", self.stage_index, fwd_chunk_id,
+                                   super().forward_one_chunk, fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        return self.timeline.timed("backward", self.stage_index, bwd_chunk_id,
+                                   super().backward_one_chunk, bwd_chunk_id, *args, **kwargs)
+
+
+class PipelineProbe:
+    """Mixin before a pipeline (`pipeline.GPipe` and its schedules) that records, on untimed steps only,
+    each rank's op timeline and live saved bytes, and reports the medians over them (`extra_metrics`):
+    the warm-up steps after the probe step, topped up to MEASURED_STEPS with extra steps after training.
+    Timed steps run the bare schedule, so a pipeline's step time compares fairly with every other
+    strategy's. A barrier aligns the stages' clocks at the start of each measured step."""
+
+    def wrap(self, model):
+        self.timeline = OpTimeline()
+        self._calls = 0  # schedule steps run: the loop's step index (the schedule takes one whole batch per step)
+        self._probe_step = 0  # the loop's activation-probe step (0, or the first step after a resume)
+        self._live_peaks: list[int] = []
+        self._saved_totals: list[int] = []
+        self._instrumented_steps: list[int] = []  # loop step indices (>= training.steps: extra steps)
+        self._after_eval = False  # the last schedule call was an evaluation
+        return super().wrap(model)
+
+    def pipeline_stage(self, module, stage):
+        return TimedStage(module, stage, self.n_stages, self.topo.device, group=self.pp_group, timeline=self.timeline)
+
+    def loss(self, logits, labels):
+        return self.timeline.timed("loss", self.n_stages - 1, -1, super().loss, logits, labels)
+
+    def resume_at(self, step):
+        self._calls = self._probe_step = step
+        super().resume_at(step)
+
+    def _instruments(self, step: int) -> bool:
+        """Instrument only untimed steps: the warm-up steps after the probe step (the loop's ActivationProbe
+        uses it, and saved-tensor hooks do not nest). Not a step right after an evaluation: switching the
+        schedule from eval back to training re-runs its set-up (P2P warm-up, shape inference) inside that
+        step, adding idle time and saved bytes."""
+        return self._probe_step < step < self.training["warmup_steps"] and not self._after_eval
+
+    def forward_backward(self, inputs, labels, scale):
+        step = self._calls
+        self._calls += 1
+        self._last_batch = (inputs, labels)
+        return self._step(inputs, labels, scale, instrumented=self._instruments(step), step=step)
+
+    def _step(self, inputs, labels, scale, instrumented: bool, step: int):
+        """One schedule step; when `instrumented`, record its op timeline and live saved bytes."""
+        self._after_eval = False
+        if not instrumented:
+            return super().forward_backward(inputs, labels, scale)
+        tracker = LiveSavedBytes(self.model.parameters())
+        dist.barrier(group=self.pp_group)  # stages start the step together: timestamps share an origin
+        self.timeline.begin_step()
+        self.timeline.recording = True
+        try:
+            with tracker:
+                loss = super().forward_backward(inputs, labels, scale)
+        finally:
+            self.timeline.recording = False
+        self.timeline.end_step()
+        self._live_peaks.append(tracker.peak)
+        self._saved_totals.append(tracker.total)
+        self._instrumented_steps.append(step)
+        return loss
+
+    def evaluate(self, inputs, labels):
+        self._after_eval = True
+        return super().evaluate(inputs, labels)
+
+    def _measure_after_training(self) -> None:
+        """Top the warm-up measurements up to MEASURED_STEPS with extra schedule steps on the last batch
+        after training (forward and backward only: no optimizer step, gradients dropped; untimed, and
+        after the loop has read peak memory)."""
+        missing = MEASURED_STEPS - len(self._instrumented_steps)
+        if missing <= 0 or not hasattr(self, "_last_batch"):
+            return
+        steps = [self._calls + k for k in range(missing + self._after_eval)]
+        for k, step in enumerate(steps):  # after the final evaluation, one bare step re-sets up the schedule
+            self._step(*self._last_batch, 1.0, instrumented=k >= len(steps) - missing, step=step)
+            self.zero_grad()
+
+    def extra_metrics(self) -> dict:
+        self._measure_after_training()
+        out = super().extra_metrics()
+        steps = self.timeline.steps
+        if not steps:
+            return out
+        # A step lasts until the slowest stage finishes; idle = span - this rank's compute.
+        spans = torch.tensor([s["end_s"] for s in steps], dtype=torch.float64)
+        dist.all_reduce(spans, op=dist.ReduceOp.MAX, group=self.pp_group)
+        busy = [self.timeline.busy_s(s) for s in steps]
+        idle = [span - b for span, b in zip(spans.tolist(), busy)]
+        last = steps[-1]
+        out.update(
+            pp_measured_steps=len(steps),
+            pp_instrumented_steps=list(self._instrumented_steps),
+            pp_step_span_s=statistics.median(spans.tolist()),
+            pp_busy_s=statistics.median(busy),
+            pp_idle_fraction=statistics.median(i / s for i, s in zip(idle, spans.tolist())),
+            pp_bubble_ratio=statistics.median(i / b for i, b in zip(idle, busy)),
+            pp_peak_live_activation_bytes=max(self._live_peaks),
+            pp_saved_activation_bytes=max(self._saved_totals),
+            # One step's ops (for a timeline chart): [op, stage, micro-batch, start_s, end_s].
+            pp_timeline=[[op, stage, mb, round(a, 6), round(b, 6)] for op, stage, mb, a, b in last["ops"]],
+            pp_timeline_span_s=float(spans[-1]),
+        )
+        return out
