@@ -54,7 +54,7 @@ def _powers_of_two(limit: int) -> list[int]:
     return [2**k for k in range(limit.bit_length()) if 2**k <= limit]
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -64,7 +64,7 @@ def candidates(model: ModelShape, cluster: Cluster, workload: Workload, space: S
     for tp in _powers_of_two(cluster.gpus_per_node):
         for cp in (c for c in space.cp if world % (tp * c) == 0):
             rest = world // (tp * cp)
-            for pp in (p for p in _divisors(rest) if p <= model.num_layers):
+            for pp in (p for p in divisors(rest) if p <= model.num_layers):
                 dp = rest // pp
                 eps = ([e for e in _powers_of_two(dp * cp) if (dp * cp) % e == 0 and model.num_experts % e == 0]
                        if model.num_experts else [1])

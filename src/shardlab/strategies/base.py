@@ -155,9 +155,18 @@ class Strategy:
         """Context for one micro-batch; strategies suppress gradient sync when `last` is False."""
         return contextlib.nullcontext()
 
-    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
+    def position_ids(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """The tokens' positions when they are not 0..S-1 (context parallelism's shards); None: the model's own."""
+        return None
+
+    def compute_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        positions = self.position_ids(inputs)
+        extra = {} if positions is None else {"position_ids": positions}
         with self.autocast():
-            loss = causal_lm_loss(self.model(input_ids=inputs).logits, labels)
+            return causal_lm_loss(self.model(input_ids=inputs, **extra).logits, labels)
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
+        loss = self.compute_loss(inputs, labels)
         (loss * scale).backward()
         return loss.detach()
 
@@ -178,8 +187,7 @@ class Strategy:
     @torch.no_grad()
     def evaluate(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Loss of this rank's share of a validation batch (reduce with `reduce_loss`)."""
-        with self.autocast():
-            return causal_lm_loss(self.model(input_ids=inputs).logits, labels)
+        return self.compute_loss(inputs, labels)
 
     def reduce_losses(self, losses: torch.Tensor) -> torch.Tensor:
         """Global-batch mean losses on every rank (mean of the data-parallel ranks' means), for a

@@ -5,18 +5,24 @@ gradients over exactly that dimension."""
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from shardlab.strategies.base import local_tensor
 
 
-def all_reduce_mean_gradients(params, group, group_size: int) -> None:
-    """Average `.grad` over `group` in one collective (SUM then divide: gloo has no AVG)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    flat /= group_size
-    for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):
-        grad.copy_(averaged)
+def all_reduce_gradients(params, group, divide_by: int = 1) -> None:
+    """Sum `.grad` (local shards of DTensors included) over `group` in one collective, then divide (gloo
+    has no AVG)."""
+    grads = [local_tensor(p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    if divide_by > 1:
+        flat /= divide_by
+    for grad, reduced in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(reduced.view_as(grad))
 
 
 class MeshDataParallel:
@@ -39,4 +45,4 @@ class MeshDataParallel:
         if self.dp_size == 1:
             return
         with self.comm.blocked():
-            all_reduce_mean_gradients(self.model.parameters(), self.dp_group, self.dp_size)
+            all_reduce_gradients(self.model.parameters(), self.dp_group, divide_by=self.dp_size)

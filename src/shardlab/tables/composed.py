@@ -25,9 +25,8 @@ from shardlab.costs.predict import rank_activations, rank_states
 from shardlab.costs.shapes import stage_units
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
+from shardlab.tables.predictions import GOALS_PCT, STATES, error_pct
 
-GOALS_PCT = {"model_states": 1.0, "activations": 10.0}
-STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 QUANTITIES = {"param_bytes": "model_states", "grad_bytes": "model_states", "optimizer_bytes": "model_states",
               "activation_bytes": "activations"}
 SEARCH_COLUMNS = ["search_rank", "strategy", "plan", "searched_tokens_per_s", "searched_on", "measured_step_s",
@@ -38,10 +37,6 @@ RUN_COLUMNS = ["experiment", "strategy", "plan", "world_size", "ranks_over_cores
 
 def is_composed(strategy: str) -> bool:
     return REGISTRY[strategy].plan is REGISTRY["composed"].plan
-
-
-def _err(measured: float, predicted: float) -> float:
-    return 100 * (predicted - measured) / measured if measured else math.nan
 
 
 def holdings(plan, coords: dict, layers: int) -> str:
@@ -82,7 +77,7 @@ def rank_rows(summary: dict, inputs: TableInputs) -> list[dict]:
         row["measured_activation_bytes"] = rank.get("pp_peak_live_activation_bytes") or rank["activation_bytes"]
         row["predicted_activation_bytes"] = rank_activations(model, plan, workload, rank["rank"])
         for key in QUANTITIES:
-            row[f"{key.removesuffix('_bytes')}_error_pct"] = _err(row[f"measured_{key}"], row[f"predicted_{key}"])
+            row[f"{key.removesuffix('_bytes')}_error_pct"] = error_pct(row[f"measured_{key}"], row[f"predicted_{key}"])
         rows.append(row)
     return rows
 

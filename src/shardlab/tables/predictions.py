@@ -67,7 +67,7 @@ def predicted_memory(model, plan: Plan, workload: Workload) -> tuple[float, floa
             max(rank_activations(model, plan, workload, r) for r in ranks))
 
 
-def _err(measured, predicted) -> float:
+def error_pct(measured, predicted) -> float:
     return 100 * (predicted - measured) / measured if measured else math.nan
 
 
@@ -126,11 +126,11 @@ def prediction_rows(inputs: TableInputs, collectives: dict) -> list[dict]:
         rows.append({"experiment": s["experiment"], "strategy": s["strategy"], "plan": plan.label(),
                      "calibrated_flops_per_s": tflops * 1e12, "core_sharing_ratio": rate,
                      "measured_model_state_bytes": measured_states, "predicted_model_state_bytes": states,
-                     "model_states_error_pct": _err(measured_states, states),
+                     "model_states_error_pct": error_pct(measured_states, states),
                      "measured_activation_bytes": measured_act, "predicted_activation_bytes": activations,
-                     "activations_error_pct": _err(measured_act, activations),
+                     "activations_error_pct": error_pct(measured_act, activations),
                      "measured_step_s": s["step_time_median_s"], "predicted_step_s": p.step_s,
-                     "step_time_error_pct": _err(s["step_time_median_s"], p.step_s),
+                     "step_time_error_pct": error_pct(s["step_time_median_s"], p.step_s),
                      "predicted_bottleneck": p.bottleneck,
                      "is_calibration_run": s is reference or (s["experiment"], s["strategy"]) in calibration})
     return rows

@@ -14,7 +14,7 @@ import copy
 
 from shardlab.config import resolve_experiment
 from shardlab.costs.plan import Cluster, Plan, Workload
-from shardlab.costs.search import Space, search
+from shardlab.costs.search import Space, divisors, search
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 from shardlab.strategies.composed import VARIANT_PREFIX, variant
@@ -82,7 +82,7 @@ def search_runnable(exp: dict, world: int, top: int, per_layout: bool = True,
     tokens/s, options}}, and the cluster searched."""
     training = exp["training"]
     cluster = cluster or Cluster("CPU (calibrated)", 1, world)
-    space = Space(cp=tuple(c for c in (1, 2, 4, 8) if c <= world), micro_batch=_divisors(training["global_batch_size"]),
+    space = Space(cp=tuple(c for c in (1, 2, 4, 8) if c <= world), micro_batch=tuple(divisors(training["global_batch_size"])),
                   recompute=("none",), virtual_stages=(2,), shardings=RUNNABLE_SHARDINGS, dtype=training["dtype"])
     model = ModelShape.from_dict(exp["model"])
     ranked = search(model, cluster, Workload(training["global_batch_size"], training["seq_len"]), top=SEARCHED,
@@ -99,10 +99,6 @@ def search_runnable(exp: dict, world: int, top: int, per_layout: bool = True,
         if len(found) == top:
             break
     return found, f"{cluster.accelerator} x {cluster.gpus} (catalog figures)"
-
-
-def _divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def experiment_block(found: dict, description: str) -> dict:

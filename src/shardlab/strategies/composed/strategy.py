@@ -23,11 +23,11 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleIn
 from transformers import AttentionInterface
 
 from shardlab.strategies import get_spec
-from shardlab.strategies.base import Strategy, causal_lm_loss, local_tensor
+from shardlab.strategies.base import Strategy
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.ring_comms import Ring
 from shardlab.strategies.context_parallel.strategy import ATTENTION_NAME, make_ring_attention_forward
-from shardlab.strategies.mesh import MeshDataParallel
+from shardlab.strategies.mesh import MeshDataParallel, all_reduce_gradients
 from shardlab.strategies.pipeline_parallel.measure import PipelineProbe
 from shardlab.strategies.pipeline_parallel.pipeline import GPipe
 from shardlab.strategies.pipeline_parallel.stages import NeoXStage
@@ -35,19 +35,6 @@ from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
 from shardlab.strategies.zero.fsdp2 import transformer_blocks
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
-
-
-def all_reduce_gradients(params, group, divide_by: int = 1) -> None:
-    """Sum `.grad` (local shards of DTensors included) over `group` in one collective, then divide."""
-    grads = [local_tensor(p.grad) for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    if divide_by > 1:
-        flat /= divide_by
-    for grad, reduced in zip(grads, flat.split([g.numel() for g in grads])):
-        grad.copy_(reduced.view_as(grad))
 
 
 class Composition(MeshDataParallel):
@@ -63,12 +50,12 @@ class Composition(MeshDataParallel):
             parallelize_neox(model, self.mesh["tp"].get_group(), self.sp, gather_logits=True)
         self.tp_shard_dims = {n: p.tp_shard_dim for n, p in model.named_parameters() if hasattr(p, "tp_shard_dim")}
         self.partial_sum_names = {n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)}
-        self.position_ids = None
+        self.shard_positions = None  # with cp: this rank's zig-zag tokens' global positions
         if self.cp_size > 1:
             ring = Ring(self.mesh["cp"].get_group(), timer=self.comm)
             AttentionInterface.register(ATTENTION_NAME, make_ring_attention_forward(ring))
             model.set_attn_implementation(ATTENTION_NAME)
-            self.position_ids = zigzag.positions(self.training["seq_len"], ring.rank, ring.size).to(
+            self.shard_positions = zigzag.positions(self.training["seq_len"], ring.rank, ring.size).to(
                 self.topo.device).unsqueeze(0)
         return model
 
@@ -137,19 +124,8 @@ class ComposedPlan(Composition, Strategy):
             self.model.set_requires_gradient_sync(last)
         return super().accumulating(last)
 
-    def _loss(self, inputs, labels):
-        position_ids = None if self.position_ids is None else self.position_ids.expand(inputs.shape[0], -1)
-        with self.autocast():
-            return causal_lm_loss(self.model(input_ids=inputs, position_ids=position_ids).logits, labels)
-
-    def forward_backward(self, inputs, labels, scale):
-        loss = self._loss(inputs, labels)
-        (loss * scale).backward()
-        return loss.detach()
-
-    @torch.no_grad()
-    def evaluate(self, inputs, labels):
-        return self._loss(inputs, labels)
+    def position_ids(self, inputs):
+        return None if self.shard_positions is None else self.shard_positions.expand(inputs.shape[0], -1)
 
     def sync_gradients(self) -> None:
         self.sum_partial_gradients(self.partial_sum_params)
@@ -187,7 +163,7 @@ class ComposedPipeline(Composition, PipelineProbe, GPipe):
         return pp.get_group(), pp.get_local_rank(), pp.size()
 
     def make_stage(self, model, units):
-        return NeoXStage(model, units, sequence_shards=self.tp_size if self.sp else 1, position_ids=self.position_ids)
+        return NeoXStage(model, units, sequence_shards=self.tp_size if self.sp else 1, position_ids=self.shard_positions)
 
     def build_schedule(self, stages):
         if self.schedule_class is ScheduleInterleaved1F1B:

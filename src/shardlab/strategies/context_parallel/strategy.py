@@ -10,11 +10,10 @@ its gradient is the mean of the ranks' gradients: one all-reduce over the contex
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from transformers import AttentionInterface
 
-from shardlab.strategies.base import Strategy, causal_lm_loss
+from shardlab.strategies.base import Strategy
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.ring_attention import ring_attention
 from shardlab.strategies.context_parallel.ring_comms import Ring
@@ -58,19 +57,8 @@ class ContextParallelRing(Strategy):
         return (zigzag.shard(inputs, self.ring.rank, self.ring.size),
                 zigzag.shard(labels, self.ring.rank, self.ring.size))
 
-    def _loss(self, inputs, labels):
-        position_ids = self.positions.expand(inputs.shape[0], -1)
-        with self.autocast():
-            return causal_lm_loss(self.model(input_ids=inputs, position_ids=position_ids).logits, labels)
-
-    def forward_backward(self, inputs, labels, scale):
-        loss = self._loss(inputs, labels)
-        (loss * scale).backward()
-        return loss.detach()
-
-    @torch.no_grad()
-    def evaluate(self, inputs, labels):
-        return self._loss(inputs, labels)
+    def position_ids(self, inputs):
+        return self.positions.expand(inputs.shape[0], -1)  # RoPE sees each token's true position
 
     def sync_gradients(self):
         with self.comm.blocked():
