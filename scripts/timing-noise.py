@@ -5,7 +5,7 @@ pair, the spread of the throughput ratio, beside the within-run 95 % bootstrap i
 uses (`shardlab.tables.verdicts`). Needs the experiment's prepared model and tokens (run the DAG
 first). With `--out`, writes one row per pair and repeat: the measurement the report's verdicts read
 (`report.timing_noise`) to widen every throughput interval by the run-to-run noise
-(`shardlab.core.timing.run_to_run_sigma`). Usage:
+(`shardlab.core.step_stats.run_to_run_sigma`). Usage:
 
     python scripts/timing-noise.py [--config config/config.yaml] [--experiment data_parallel] [--repeats 5]
         [--out reports/timing_noise.csv]
@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from shardlab.core.timing import run_to_run_sigma, throughput_ratio, timed_steps
+from shardlab.core.step_stats import run_to_run_sigma, throughput_ratio, timed_steps
 from shardlab.runner.launch import launch
 from shardlab.runner.metrics import cpu_model
 from shardlab.study import load_study, prepared_inputs

@@ -116,8 +116,8 @@ def assert_losses_match(losses, reference, tokens_per_step=TEST_TOKENS_PER_STEP,
 
 
 def zero_rung(strategy: str):
-    """The ZeRO rung (costs.memory.ZeroRung) of a registered strategy's Plan."""
-    from shardlab.costs.memory import ZeroRung
+    """The ZeRO rung (costs.sharded_states.ZeroRung) of a registered strategy's Plan."""
+    from shardlab.costs.sharded_states import ZeroRung
     from shardlab.strategies import REGISTRY
 
     fields = REGISTRY[strategy].plan_fields(2, {})
@@ -125,7 +125,7 @@ def zero_rung(strategy: str):
 
 
 def rung_states(strategy: str, *args, **kwargs):
-    """costs.memory.predict for a registered strategy's rung (the memory model's own tests)."""
-    from shardlab.costs.memory import predict
+    """costs.sharded_states.predict for a registered strategy's rung (the memory model's own tests)."""
+    from shardlab.costs.sharded_states import predict
 
     return predict(zero_rung(strategy), *args, **kwargs)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.ring_attention import ring_attention
-from shardlab.strategies.context_parallel.ring_comms import Ring
+from shardlab.strategies.context_parallel.comms import Ring
 
 
 def full_attention(q, k, v, causal):

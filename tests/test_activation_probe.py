@@ -1,4 +1,4 @@
-"""The activation probe (shardlab.runner.memory.ActivationProbe): tensors saved for backward, parameters
+"""The activation probe (shardlab.runner.probes.ActivationProbe): tensors saved for backward, parameters
 left out in every form a strategy gives them. Data parallelism only changes where model states live,
 so for the same per-rank batch every DP-family strategy must save exactly the same activations."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from shardlab.runner.memory import ActivationProbe
+from shardlab.runner.probes import ActivationProbe
 
 # DP-family strategies measured under torchrun. ZeRO-3 gathers each weight into a fresh storage for its
 # module's forward and frees it after; fsdp2_full all-gathers into unsharded parameters per block.
@@ -109,7 +109,7 @@ def test_unsharded_view_of_a_swapped_in_parameter_is_excluded():
 
 
 def test_a_freed_parameter_storage_key_is_never_taken_by_a_new_tensor():
-    from shardlab.runner.memory import parameter_storages
+    from shardlab.runner.probes import parameter_storages
 
     p = nn.Parameter(torch.randn(256))
     keys = parameter_storages([p])

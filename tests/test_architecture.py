@@ -166,7 +166,7 @@ def test_a_strategy_whose_plan_communicates_nothing_is_caught(monkeypatch):
 
 # One implementation per prediction: the tables ask `costs.predict`, never the models behind it.
 PREDICTION_MODULES = {"shardlab.costs.rank_memory", "shardlab.costs.step_time", "shardlab.costs.comm_volume"}
-PREDICTION_NAMES = {"shardlab.costs.memory": {"predict", "unsharded"}}
+PREDICTION_NAMES = {"shardlab.costs.sharded_states": {"predict", "unsharded"}}
 
 
 def test_tables_take_predictions_only_from_the_one_entry_point():

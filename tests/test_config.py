@@ -1,13 +1,14 @@
 """Bad configuration stops everything before any job runs, with a message naming the field."""
 
 import copy
+import json
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, TEST_EXPERIMENT
 from shardlab.errors import ConfigError
 from shardlab.study import load_study
 
@@ -146,3 +147,24 @@ def test_bf16_experiments_get_their_noise_floor_runs_and_bad_sensitivity_setting
     with pytest.raises(ConfigError) as err:
         load_study(one_row, base_dir=REPO)
     assert err.value.field.endswith("training.micro_batch_size") and "2 sequences" in str(err.value)
+
+
+def test_a_vocabulary_smaller_than_the_corpus_ids_is_named_in_data_preparation(tmp_path):
+    """A 16-token model cannot embed the SMILES corpus (the tokenizer keeps its whole alphabet, ids up
+    to ~90): data preparation stops with the field and the size needed, writing no tokens, instead of
+    every run failing at step 1 with an index error. The same corpus with 256 tokens is prepared."""
+    from shardlab.core.model import prepare_model
+
+    for vocab, fails in ((16, True), (256, False)):
+        model = dict(TEST_EXPERIMENT["model"], name=f"v{vocab}", vocab_size=vocab)
+        model_dir = prepare_model(model, tmp_path / f"model{vocab}")
+        out = tmp_path / f"data{vocab}"
+        proc = subprocess.run([sys.executable, "-m", "shardlab", "prepare-data", "--data-json",
+                               json.dumps(TEST_EXPERIMENT["data"]), "--model-json", json.dumps(model),
+                               "--model-dir", str(model_dir), "--out", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert (proc.returncode != 0) == fails, proc.stderr[-2000:]
+        assert (out / "tokens.npy").exists() != fails
+        if fails:
+            assert "config field 'model.vocab_size'" in proc.stderr and "at least" in proc.stderr, proc.stderr
+            assert "Traceback" not in proc.stderr

@@ -16,7 +16,7 @@ import pytest
 from shardlab.bench import cost_grid as cg
 from shardlab.costs.activations import COMPONENTS, PRECISIONS, layer_bytes, measured_per_layer
 from conftest import rung_states
-from shardlab.costs.memory import Held, parameter_shapes
+from shardlab.costs.sharded_states import Held, parameter_shapes
 
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 # Model states: the only bytes left out are optimizer `step` scalars (4 bytes per stepped tensor, at most
@@ -161,11 +161,11 @@ def test_layer_bytes_reproduces_korthikanti(s, b, h, a, t):
         return sum(layer_bytes(s, b, h, a, 4 * h, **KORTHIKANTI, **kw).values())
 
     assert total() == pytest.approx(sbh * (34 + 5 * a * s / h), rel=1e-12)
-    assert total(t=t, split="tp") == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
-    assert total(t=t, split="tp_sp") == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)), rel=1e-12)
-    assert total(t=t, split="tp_sp", recompute="selective") == pytest.approx(sbh * 34 / t, rel=1e-12)
+    assert total(t=t, split="tensor") == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
+    assert total(t=t, split="tensor_sequence") == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)), rel=1e-12)
+    assert total(t=t, split="tensor_sequence", recompute="selective") == pytest.approx(sbh * 34 / t, rel=1e-12)
     assert total(recompute="full") == pytest.approx(2 * sbh, rel=1e-12)
-    assert total(t=t, split="tp_sp", recompute="full") == pytest.approx(2 * sbh / t, rel=1e-12)
+    assert total(t=t, split="tensor_sequence", recompute="full") == pytest.approx(2 * sbh / t, rel=1e-12)
 
 
 def test_layer_bytes_options():

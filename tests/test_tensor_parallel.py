@@ -145,7 +145,7 @@ def test_activation_bytes_per_component_match_formulas(strategy, tp_runs):
 
 def test_paper_components_sum_to_closed_forms():
     s, b, h, a, t = 128, 2, 256, 8, 4
-    for mode in ("none", "tp", "tp_sp"):
+    for mode in ("none", "tensor", "tensor_sequence"):
         parts = korthikanti_per_layer(s, b, h, a, t if mode != "none" else 1, mode)
         assert sum(parts.values()) == pytest.approx(korthikanti_total(s, b, h, a, t, mode))
     assert set(parts) == set(COMPONENTS)
@@ -224,7 +224,7 @@ def _tp_summary(strategy: str, world: int, tokens_per_s: float, exp: dict = TEST
     t = world if split != "none" else 1
     per_layer = this_model_per_layer(training["seq_len"], training["global_batch_size"], model["hidden_size"],
                                      model["num_heads"], t, paper_mode(split),
-                                     gathered_inputs_saved=split == "tp_sp_gathered")
+                                     gathered_inputs_saved=split == "tensor_sequence_gathered")
     ranks = [{"rank": r, "activation_by_module": _probe_saw(per_layer, model["num_layers"])} for r in range(world)]
     return {"experiment": exp["name"], "strategy": strategy, "status": "ok", "world_size": world,
             "tokens_per_s": tokens_per_s, "step_time_median_s": 1 / tokens_per_s, "ranks": ranks}
@@ -243,9 +243,9 @@ def test_every_strategy_names_a_known_activation_split():
 
 def test_gathered_sequence_parallel_inputs_break_the_papers_qkv_and_mlp_split():
     dims = {"s": 32, "b": 8, "h": 64, "a": 4, "n_layers": 2}
-    shard = {r["component"]: r for r in comparison_rows("tp_sp", {}, dims, t=2)}
-    gathered = {r["component"]: r for r in comparison_rows("tp_sp_gathered", {}, dims, t=2)}
-    assert shard["qkv"]["mode"] == gathered["qkv"]["mode"] == "tp_sp"
+    shard = {r["component"]: r for r in comparison_rows("tensor_sequence", {}, dims, t=2)}
+    gathered = {r["component"]: r for r in comparison_rows("tensor_sequence_gathered", {}, dims, t=2)}
+    assert shard["qkv"]["mode"] == gathered["qkv"]["mode"] == "tensor_sequence"
     assert gathered["qkv"]["model_formula_bytes"] == 2 * shard["qkv"]["model_formula_bytes"]
     assert shard["qkv"]["paper_assumptions_hold"] and not gathered["qkv"]["paper_assumptions_hold"]
     assert {r["tp"] for r in comparison_rows("none", {}, dims, t=2)} == {1}  # no TP: the degree is 1
@@ -311,4 +311,4 @@ def test_inference_benchmarks_the_hand_written_tensor_parallel_strategy():
     from shardlab.bench.inference import benchmarked_strategy
 
     spec = REGISTRY[benchmarked_strategy()]
-    assert spec.topic == "tensor_parallel" and spec.twin is not None and split_of(spec.name) == "tp"
+    assert spec.topic == "tensor_parallel" and spec.twin is not None and split_of(spec.name) == "tensor"

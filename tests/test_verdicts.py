@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from shardlab.core.timing import run_to_run_sigma, throughput_ratio, with_run_noise
+from shardlab.core.step_stats import run_to_run_sigma, throughput_ratio, with_run_noise
 from shardlab.tables.verdicts import CONTRADICTED, SUPPORTED, UNDECIDED, decide_ratio, strategy_choice, verdicts
 
 

@@ -251,8 +251,8 @@ def test_a_run_declares_the_code_it_executes():
             "strategies/context_parallel/ring_attention.py", "strategies/zero/fsdp2.py"} <= files["composed"]
 
 
-@pytest.mark.parametrize("rule, imported", [("verdicts_tables", "costs/memory.py"),
-                                            ("data_parallel_tables", "core/timing.py"),
+@pytest.mark.parametrize("rule, imported", [("verdicts_tables", "costs/sharded_states.py"),
+                                            ("data_parallel_tables", "core/step_stats.py"),
                                             ("composed_tables", "costs/rank_memory.py")])
 def test_a_table_rule_declares_every_module_its_builder_imports(rule, imported):
     """Tables never go stale: a table rule's code inputs are its builder and everything that imports, so an

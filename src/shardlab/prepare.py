@@ -14,6 +14,7 @@ from pathlib import Path
 import shardlab.science.formats  # noqa: F401  (registers the science text formats)
 from shardlab.core.data import prepare_corpus
 from shardlab.core.model import ModelUnavailable, prepare_model
+from shardlab.errors import ConfigError
 
 
 def model_main(argv: list[str] | None = None) -> int:
@@ -41,7 +42,11 @@ def data_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = json.loads(args.data_json)
     data["path"] = str(args.base_dir / data["path"])  # an absolute path stays as it is
-    meta = prepare_corpus(data, json.loads(args.model_json), args.model_dir, args.out)
+    try:
+        meta = prepare_corpus(data, json.loads(args.model_json), args.model_dir, args.out)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"corpus '{meta['corpus']}': {meta['documents']} documents, {meta['tokens']} tokens, "
           f"{meta['skipped_rows']} malformed rows skipped -> {args.out}")
     return 0

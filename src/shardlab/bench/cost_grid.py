@@ -7,7 +7,7 @@ what autograd saves), in ONE torchrun job that builds and tears down every engin
 
 `activation_points` measures the same shapes in-process (one rank): fp32, bf16 autocast (how the
 torch-native strategies run bf16) and a bf16 model cast (how DeepSpeed's and FSDP2's bf16 run).
-tests/test_cost_grid.py holds `costs.memory` and `costs.activations` to these measurements.
+tests/test_cost_grid.py holds `costs.sharded_states` and `costs.activations` to these measurements.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def tp_divides(shape: ModelShape, t: int) -> bool:
 
 def activation_points() -> list[dict]:
     """Single-process activation bytes by module for every grid shape and precision."""
-    from shardlab.runner.memory import ActivationProbe
+    from shardlab.runner.probes import ActivationProbe
     from shardlab.strategies.base import causal_lm_loss
 
     torch.set_num_threads(1)

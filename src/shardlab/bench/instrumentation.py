@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from shardlab.core.data import TokenBatches
 from shardlab.core.model import load_model
-from shardlab.core.timing import BOOTSTRAP_SAMPLES
+from shardlab.core.step_stats import BOOTSTRAP_SAMPLES
 from shardlab.core.topology import init_topology, shutdown
 from shardlab.runner.loop import PendingSteps, measured_step, step_work
 from shardlab.strategies import get_spec

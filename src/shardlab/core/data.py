@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from shardlab.core.splits import rows_of_part
-from shardlab.errors import load_artifact
+from shardlab.errors import ConfigError, load_artifact
 
 EOS = "<|endoftext|>"
 TOKENIZERS = ("char", "bpe")  # what model.tokenizer may fit for a local or pretrained model
@@ -98,6 +98,17 @@ def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:
     return np.fromiter((t for doc in ids for t in (*doc, eos)), dtype=np.int32)
 
 
+def check_vocabulary(tokens: np.ndarray, model_cfg: dict, model_dir: Path | str, corpus: str) -> None:
+    """Every token id must have a row in the model's embedding; otherwise every run would fail at its
+    first step with an index error, so say it here, before any run."""
+    embeddings = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    needed = int(tokens.max()) + 1
+    if needed > embeddings:
+        raise ConfigError("model.vocab_size", f"model '{model_cfg['name']}' has {embeddings} token embeddings, but "
+                                              f"corpus '{corpus}' tokenizes to ids up to {needed - 1}: set "
+                                              f"vocab_size to at least {needed}")
+
+
 def prepare_corpus(data_cfg: dict, model_cfg: dict, model_dir: Path | str, out_dir: Path | str) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,6 +120,7 @@ def prepare_corpus(data_cfg: dict, model_cfg: dict, model_dir: Path | str, out_d
     else:
         tokenizer = load_tokenizer(model_dir)
     tokens = encode_documents(tokenizer, docs)
+    check_vocabulary(tokens, model_cfg, model_dir, data_cfg["corpus"])
     tokenizer.save_pretrained(out_dir)
     np.save(out_dir / "tokens.npy", tokens)
     meta = {"corpus": data_cfg["corpus"], "documents": len(docs), "skipped_rows": skipped,

@@ -34,7 +34,7 @@ grid of tests/test_cost_grid.py, transformers 5):
 - Sequence parallelism: the all-gathered inputs of the column-parallel layers are what the linear
   layers save. Our hand-written `tp_sp` saves only the sequence shard and re-gathers it in backward
   (as Megatron-LM does), so it follows the TP+SP formula; DTensor's SequenceParallel keeps the
-  gathered input whole (split 'tp_sp_gathered').
+  gathered input whole (split 'tensor_sequence_gathered').
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import re
 
 COMPONENTS = ["layernorm", "qkv", "attention_core", "attention_projection", "dropout", "mlp", "residual"]
 
-# Innermost module name (as tagged by memory.ActivationProbe) -> component of a transformer layer.
+# Innermost module name (as tagged by probes.ActivationProbe) -> component of a transformer layer.
 _LAYER_PATTERNS = [
     (re.compile(r"\.layers\.\d+\.(input_layernorm|post_attention_layernorm)$"), "layernorm"),
     (re.compile(r"\.layers\.\d+\.attention\.query_key_value$"), "qkv"),
@@ -74,7 +74,7 @@ def measured_per_layer(activation_by_module: dict[str, int], n_layers: int) -> d
     return out
 
 
-SPLITS = ("none", "tp", "tp_sp", "tp_sp_gathered")
+SPLITS = ("none", "tensor", "tensor_sequence", "tensor_sequence_gathered")
 RECOMPUTE = ("none", "selective", "full")
 # How the probed runs store values (tests/test_cost_grid.py): fp32; bf16 under torch.autocast (the
 # torch-native strategies); bf16 with the module cast (DeepSpeed, FSDP2; CPU's bf16 LayerNorm keeps
@@ -90,8 +90,8 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
                 autocast: bool = False, norm_stats_bytes: int = 0, weight_copies: bool = True) -> dict[str, float]:
     """Bytes one transformer layer keeps for backward on one rank, by component (see the module docstring).
 
-    split: 'none' | 'tp' | 'tp_sp' | 'tp_sp_gathered'; residual: 'parallel' (both LayerNorms read one
-    input) | 'sequential'; attention: 'sdpa' (flash-like: logsumexp, no scores) | 'eager' (scores,
+    split: one of SPLITS ('none', 'tensor', 'tensor_sequence', 'tensor_sequence_gathered');
+    residual: 'parallel' (both LayerNorms read one input) | 'sequential'; attention: 'sdpa' (flash-like: logsumexp, no scores) | 'eager' (scores,
     softmax; dropout's mask and output); recompute: 'none' | 'selective' (the attention core's inputs
     Q, K, V are kept, the rest recomputed) | 'full' (only the layer input); kv_heads: for GQA;
     mlp: 'gelu' (GeLU input and output) | 'swiglu' (fused: gate and up outputs, their product);
@@ -151,10 +151,10 @@ class _Splitter:
         return value / self.t
 
     def sp(self, value: float) -> float:  # the residual stream: split only under sequence parallelism
-        return value / self.t if self.split.startswith("tp_sp") else value
+        return value / self.t if self.split.startswith("tensor_sequence") else value
 
     def column_input(self, value: float) -> float:  # kept whole when SP's gathered input is saved
-        return value / self.t if self.split == "tp_sp" else value
+        return value / self.t if self.split == "tensor_sequence" else value
 
 
 def _check(split: str, residual: str, attention: str, recompute: str, mlp: str) -> None:
@@ -167,7 +167,7 @@ def _check(split: str, residual: str, attention: str, recompute: str, mlp: str) 
 
 def korthikanti_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none",
                           value_bytes: int = 2, mask_bytes: int = 1) -> dict[str, float]:
-    """The paper's per-layer activation bytes by component. mode: 'none' (no TP), 'tp', 'tp_sp'."""
+    """The paper's per-layer activation bytes by component. mode: 'none' (no TP), 'tensor', 'tensor_sequence'."""
     return layer_bytes(s, b, h, a, 4 * h, t, mode, value_bytes, residual="sequential", attention="eager",
                        dropout=True, mask_bytes=mask_bytes)
 
@@ -178,7 +178,7 @@ def korthikanti_total(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "n
     sbh = s * b * h
     if mode == "none":
         return sbh * (34 + 5 * a * s / h)
-    if mode == "tp":
+    if mode == "tensor":
         return sbh * (10 + 24 / t + 5 * a * s / (h * t))
     return sbh / t * (34 + 5 * a * s / h)
 
@@ -190,7 +190,7 @@ def this_model_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str =
     SP, the column-parallel layers keep the all-gathered (whole-sequence) input (DTensor's behaviour);
     `intermediate`: the MLP width (default 4h); `precision`: a key of PRECISIONS (default: fp32 values
     of `value_bytes`)."""
-    split = "tp_sp_gathered" if mode == "tp_sp" and gathered_inputs_saved else mode
+    split = "tensor_sequence_gathered" if mode == "tensor_sequence" and gathered_inputs_saved else mode
     how = PRECISIONS[precision] if precision else dict(PRECISIONS["fp32"], value_bytes=value_bytes)
     return layer_bytes(s, b, h, a, intermediate or 4 * h, t, split, **how)
 
@@ -199,14 +199,14 @@ def this_model_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str =
 MATCHING_COMPONENTS = ["qkv", "attention_projection", "mlp"]
 
 # A Plan's `activation_split` (one of SPLITS) -> how it splits a layer's activations:
-# the paper's mode ("none", "tp", "tp_sp") and whether SP keeps the gathered column inputs whole.
+# the paper's mode ("none", "tensor", "tensor_sequence") and whether SP keeps the gathered column inputs whole.
 
 
 def paper_mode(split: str) -> str:
-    """The Korthikanti et al. mode of an activation split: 'tp_sp_gathered' is still TP+SP there."""
+    """The Korthikanti et al. mode of an activation split: 'tensor_sequence_gathered' is still TP+SP there."""
     if split not in SPLITS:
         raise ValueError(f"unknown activation split {split!r} (known: {', '.join(SPLITS)})")
-    return "tp_sp" if split.startswith("tp_sp") else split
+    return "tensor_sequence" if split.startswith("tensor_sequence") else split
 
 
 def comparison_rows(split: str, activation_by_module: dict[str, int], dims: dict, t: int) -> list[dict]:
@@ -234,10 +234,10 @@ def comparison_rows(split: str, activation_by_module: dict[str, int], dims: dict
 
 def paper_components(split: str, mlp_is_4h: bool, autocast: bool) -> list[str]:
     """Components where the paper's formula describes this model: none under autocast (its saved bf16
-    weight copies are not in the paper); the MLP only at width 4h; under 'tp_sp_gathered' neither qkv nor
+    weight copies are not in the paper); the MLP only at width 4h; under 'tensor_sequence_gathered' neither qkv nor
     the MLP (the gathered inputs of the column layers are kept whole)."""
     if autocast:
         return []
     broken = {"mlp"} if not mlp_is_4h else set()
-    broken |= {"qkv", "mlp"} if split == "tp_sp_gathered" else set()
+    broken |= {"qkv", "mlp"} if split == "tensor_sequence_gathered" else set()
     return [c for c in MATCHING_COMPONENTS if c not in broken]

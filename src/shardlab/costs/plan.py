@@ -69,8 +69,8 @@ class Plan:
     def activation_split(self) -> str:
         """How TP splits a layer's activations (a key of costs.activations.SPLITS)."""
         if self.sp:
-            return "tp_sp_gathered" if self.sp_gathered_inputs else "tp_sp"
-        return "tp" if self.tp > 1 else "none"
+            return "tensor_sequence_gathered" if self.sp_gathered_inputs else "tensor_sequence"
+        return "tensor" if self.tp > 1 else "none"
 
     @property
     def activation_precision(self) -> str:

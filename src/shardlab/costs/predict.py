@@ -1,7 +1,7 @@
 """The cost model of a plan: memory per rank by category and step time by component.
 
 One model for every strategy (`costs.plan.Plan`), composed of the project's single-topic models:
-model-state bytes from `costs.memory` (ZeRO/FSDP2/Megatron accounting), activation bytes per layer
+model-state bytes from `costs.sharded_states` (ZeRO/FSDP2/Megatron accounting), activation bytes per layer
 from `costs.activations`, parameter splits from `costs.shapes`, collective times from
 `costs.alpha_beta` with nccl-tests' bus factors, the bubble from `costs.bubble`'s schedule algebra.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from shardlab.costs import memory
+from shardlab.costs import sharded_states
 from shardlab.costs.bubble import theory_bubble_ratio
 from shardlab.costs.comm_volume import Call, step_calls
 from shardlab.costs.hardware import training_flops_per_token
@@ -39,11 +39,11 @@ def exact_tensors(model: ModelShape, plan: Plan) -> tuple | None:
     """The parameter shapes, where the plan leaves every tensor whole on its data-parallel ranks (so
     DeepSpeed's partition boundaries and FSDP2's row chunks can be followed exactly)."""
     if plan.tp == plan.pp == plan.ep == 1 and not model.num_experts:
-        return tuple(map(tuple, memory.parameter_shapes(model)))
+        return tuple(map(tuple, sharded_states.parameter_shapes(model)))
     return None
 
 
-def rank_states(model: ModelShape, plan: Plan, rank: int) -> memory.ModelStates:
+def rank_states(model: ModelShape, plan: Plan, rank: int) -> sharded_states.ModelStates:
     """Model-state bytes (parameters, gradients, optimizer state) of world rank `rank` under `plan`,
     exactly where the tensors stay whole (`exact_tensors`)."""
     at = plan.coordinates(rank)
@@ -51,14 +51,14 @@ def rank_states(model: ModelShape, plan: Plan, rank: int) -> memory.ModelStates:
 
 
 def stage_states(model: ModelShape, plan: Plan, stage: int, tensors: tuple | None = None,
-                 shard_rank: int | None = None) -> memory.ModelStates:
+                 shard_rank: int | None = None) -> sharded_states.ModelStates:
     """Model-state bytes of a rank of pipeline stage `stage` (the even split without `tensors`)."""
     dense, experts = rank_parameters(model, plan, stage)
     states = model_states(plan, dense, experts, tensors, shard_rank)
     extra = embedding_gradient_bytes(model, plan, stage)
     if not extra:
         return states
-    return memory.ModelStates(states.param_bytes, states.grad_bytes + extra, states.optimizer_bytes,
+    return sharded_states.ModelStates(states.param_bytes, states.grad_bytes + extra, states.optimizer_bytes,
                               states.grad_peak_bytes + extra, states.offloaded_bytes)
 
 

@@ -2,7 +2,7 @@
 its model states (ZeRO / FSDP2 / Megatron accounting over its data-parallel group), the activations
 of its in-flight micro-batches, and transient communication buffers.
 
-Composed of the single-topic models: `costs.shapes` (parameter counts), `costs.memory` (bytes per
+Composed of the single-topic models: `costs.shapes` (parameter counts), `costs.sharded_states` (bytes per
 parameter by sharding), `costs.activations` (bytes per layer). Cached: the search asks for the same
 pieces over and over.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from shardlab.costs import memory
+from shardlab.costs import sharded_states
 from shardlab.costs.activations import PRECISIONS, layer_bytes
 from shardlab.costs.plan import Plan, Workload, micro_batches
 from shardlab.costs.shapes import EMBED, HEAD, ModelShape, stage_units
@@ -64,7 +64,7 @@ def rank_parameters(model: ModelShape, plan: Plan, rank: int) -> tuple[float, fl
 
 
 def model_states(plan: Plan, dense: float, experts: float, tensors: tuple | None = None,
-                 shard_rank: int | None = None) -> memory.ModelStates:
+                 shard_rank: int | None = None) -> sharded_states.ModelStates:
     """Model-state bytes of a rank: dense parameters sharded over the dp x cp ranks, experts over the
     dp x cp / ep ranks that hold the same experts. `tensors` (the dense parameters' shapes, when
     known): DeepSpeed's padding and partition boundaries, FSDP2's row chunks, exactly, for the rank
@@ -75,16 +75,16 @@ def model_states(plan: Plan, dense: float, experts: float, tensors: tuple | None
 
 @lru_cache(maxsize=65536)
 def _model_states(zero: int, offload: str, framework: str, dtype: str, optimizer: str, shard: int, ep: int,
-                  dense: float, experts: float, tensors: tuple | None, shard_rank: int | None) -> memory.ModelStates:
-    rung = memory.ZeroRung.of(zero, offload, framework)
+                  dense: float, experts: float, tensors: tuple | None, shard_rank: int | None) -> sharded_states.ModelStates:
+    rung = sharded_states.ZeroRung.of(zero, offload, framework)
     dtype = "fp32" if dtype == "fp32" else "bf16"
     if framework == "torch":  # fp32 weights, gradients and moments on every replica, any dtype (autocast)
-        return memory.unsharded(dense + experts, dtype, optimizer)
-    parts = [memory.predict(rung, dense, shard, dtype, optimizer, tensors=tensors,
+        return sharded_states.unsharded(dense + experts, dtype, optimizer)
+    parts = [sharded_states.predict(rung, dense, shard, dtype, optimizer, tensors=tensors,
                             rank=shard_rank if tensors else None)]
     if experts:
-        parts.append(memory.predict(rung, experts, shard // ep, dtype, optimizer))
-    return memory.ModelStates(*(sum(getattr(p, f) for p in parts) for f in
+        parts.append(sharded_states.predict(rung, experts, shard // ep, dtype, optimizer))
+    return sharded_states.ModelStates(*(sum(getattr(p, f) for p in parts) for f in
                                 ("param_bytes", "grad_bytes", "optimizer_bytes", "grad_peak_bytes", "offloaded_bytes")))
 
 

@@ -6,7 +6,7 @@ composition into a step (micro-batches, fill and drain) is `costs.predict.evalua
 
 from __future__ import annotations
 
-from shardlab.costs import memory
+from shardlab.costs import sharded_states
 from shardlab.costs.collectives import bus_factor
 from shardlab.costs.comm_volume import (CP_RING_PASSES_PER_LAYER, Call, cp_calls, ep_calls, pipeline_calls,
                                         micro_batch_sync, step_sync_calls, tp_calls)
@@ -108,7 +108,7 @@ def gradient_sync_s(model: ModelShape, plan: Plan, device: dict, rank: int, back
     return max(0.0, overlapped - device["overlap"] * backward_s) + gathered
 
 
-def optimizer_s(plan: Plan, device: dict, states: memory.ModelStates) -> tuple[float, float]:
+def optimizer_s(plan: Plan, device: dict, states: sharded_states.ModelStates) -> tuple[float, float]:
     """(on-device optimizer step, offload transfer + CPU Adam) seconds: the step reads and writes
     every model-state byte the rank holds once."""
     hbm = device["hbm_tbps"] * 1e12 * device["hbm"]
@@ -117,6 +117,6 @@ def optimizer_s(plan: Plan, device: dict, states: memory.ModelStates) -> tuple[f
     offload = 0.0
     if plan.offload != "none":
         moved = states.grad_bytes + states.param_bytes  # gradients down, updated parameters up
-        params = states.optimizer_bytes / (memory.MOMENT_BYTES[plan.optimizer] + 4)
+        params = states.optimizer_bytes / (sharded_states.MOMENT_BYTES[plan.optimizer] + 4)
         offload = moved / (device["host_link_gbps"] * 1e9) + params / CPU_ADAM_PARAMS_PER_S
     return step, offload

@@ -1,7 +1,7 @@
 """The ZeRO decision tree: pick a rung from model size, device memory and device count.
 
 A view of the planner's memory model (`costs.rank_memory.model_states` of a pure data-parallel
-plan, which is `costs.memory`'s accounting): walk the ladder from the cheapest communication to the most
+plan, which is `costs.sharded_states`'s accounting): walk the ladder from the cheapest communication to the most
 (ZeRO-0/1/2 move 2Ψ per step like plain data parallelism, ZeRO-3 1.5x that, offload adds host
 transfers and a CPU optimizer step) and take the first rung whose model states at their peak fit in
 the device memory left after a margin for activations, communication buckets and allocator

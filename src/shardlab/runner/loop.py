@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from shardlab.core.data import TokenBatches
 from shardlab.runner.checkpoint import Checkpointer
-from shardlab.runner.memory import ActivationProbe, peak_memory, reset_peak
+from shardlab.runner.probes import ActivationProbe, peak_memory, reset_peak
 from shardlab.runner.faults import inject_fault
 from shardlab.runner.metrics import StepLog
 from shardlab.strategies.base import Strategy

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
-from shardlab.core.timing import timed_steps
+from shardlab.core.step_stats import timed_steps
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.faults import remove_reductions
 from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json

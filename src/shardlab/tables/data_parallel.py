@@ -7,14 +7,14 @@
 - dp_pairs: every ordered pair of finished runs of one family in one experiment (the hand-written
   strategies against each other and against their twin): the throughput ratio.
 Every ratio has a 95 % bootstrap interval over the two runs' timed steps (`*_low`, `*_high`:
-`core.timing.throughput_ratio`), where the runs' step logs are given.
+`core.step_stats.throughput_ratio`), where the runs' step logs are given.
 - dp_comm_steps: per step, the time a rank was blocked in gradient communication, for the runs
   that record it (hand-written strategies time their collectives; DDP's run inside backward).
 - dp_buckets: the bucket-size sweep of interleaved DP (its `bucket_mb` option, per experiment): per
   run, the buckets its plan issues, the alpha-beta prediction of their all-reduces (with the
   latency part, buckets x alpha) beside the communication the run left exposed, and its tokens/s
   against DDP in the same experiment, with the within-run interval and the interval widened by the
-  measured run-to-run noise (`core.timing.with_run_noise`, as the verdicts).
+  measured run-to-run noise (`core.step_stats.with_run_noise`, as the verdicts).
 
 `throughput_rows` serves every topic whose strategies have references and twins (tensor parallel too).
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.core.timing import run_to_run_sigma, throughput_ratio, timed_times, with_run_noise
+from shardlab.core.step_stats import run_to_run_sigma, throughput_ratio, timed_times, with_run_noise
 from shardlab.costs.alpha_beta import models_from_table
 from shardlab.costs.network import plan_seconds
 from shardlab.costs.plan import Workload

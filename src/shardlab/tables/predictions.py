@@ -25,7 +25,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from shardlab.core.timing import run_to_run_sigma
+from shardlab.core.step_stats import run_to_run_sigma
 from shardlab.costs.alpha_beta import models_from_table
 from shardlab.costs.plan import Cluster, Plan, Workload
 from shardlab.costs.predict import Prediction, evaluate, rank_activations, rank_states

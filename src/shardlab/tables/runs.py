@@ -2,7 +2,7 @@
 
 - runs: one row per run (status, reason, throughput, loss, settings, environment, topic, reference)
 - steps: one row per run step (loss, step time, tokens/s, communication time, validation loss, and
-  `timed`: whether it counts in the run's step-time statistics, `core.timing`)
+  `timed`: whether it counts in the run's step-time statistics, `core.step_stats`)
 - ranks: one row per run rank: measured parameter/gradient/optimizer/activation bytes, peak, extras,
   and the registry's model-state prediction beside them (`predicted_*_bytes`)
 - activations: one row per run rank module (bytes saved for backward)
@@ -21,7 +21,7 @@ import json
 
 import pandas as pd
 
-from shardlab.core.timing import timed_steps
+from shardlab.core.step_stats import timed_steps
 from shardlab.costs.predict import rank_states
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs

@@ -9,7 +9,7 @@ study's verdict, computed from the other tables so that it changes when the data
   the fastest (and whether it beats the runner-up beyond noise) and the least memory per rank.
 
 Throughput ratios carry a 95 % interval: the wider of the bootstrap interval over the timed steps of
-both runs (`core.timing`, the `timed` column of `steps`: step-to-step noise within the two runs) and
+both runs (`core.step_stats`, the `timed` column of `steps`: step-to-step noise within the two runs) and
 the run-to-run noise measured by repeating whole runs on this machine (`timing_noise`, written by
 scripts/timing-noise.py; the bootstrap alone is too narrow: a pair's ratio moved by more than its
 within-run interval from one launch to the next). A ratio decides a claim only when its whole interval
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from shardlab.core.timing import run_to_run_sigma, throughput_ratio, with_run_noise
+from shardlab.core.step_stats import run_to_run_sigma, throughput_ratio, with_run_noise
 from shardlab.strategies import NOISE_RUNS, REGISTRY, Family
 from shardlab.tables import TableInputs
 from shardlab.tables.runs import compute_units, unequal_compute

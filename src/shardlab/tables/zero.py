@@ -1,7 +1,7 @@
 """The ZeRO ladder's tables, from the runs of the strategies whose registry topic is `zero`.
 
 - zero_memory: per run and rank, measured vs predicted parameter/gradient/optimizer bytes (the
-  memory model's error in %), where they live (device or host: `costs.memory.host_bytes`), with
+  memory model's error in %), where they live (device or host: `costs.sharded_states.host_bytes`), with
   the run's throughput and outcome.
 - zero_tree_check: per run, does the memory model put the rung on the same side of the device
   memory as the run? With a budget (`launch.device_memory_budget_bytes`, a smaller device than the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.costs.memory import host_bytes
+from shardlab.costs.sharded_states import host_bytes
 from shardlab.costs.predict import rank_states, stage_states
 from shardlab.costs.zero_tree import DEFAULT_HEADROOM, choose, feasibility
 from shardlab.strategies import REGISTRY, Family

@@ -25,7 +25,7 @@ from transformers import AttentionInterface
 from shardlab.strategies import get_spec
 from shardlab.strategies.base import Strategy
 from shardlab.strategies.context_parallel import zigzag
-from shardlab.strategies.context_parallel.ring_comms import Ring
+from shardlab.strategies.context_parallel.comms import Ring
 from shardlab.strategies.context_parallel.strategy import ATTENTION_NAME, make_ring_attention_forward
 from shardlab.strategies.mesh import MeshDataParallel, all_reduce_gradients
 from shardlab.strategies.pipeline_parallel.measure import PipelineProbe

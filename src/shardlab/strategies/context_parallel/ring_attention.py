@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from shardlab.strategies.context_parallel.ring_comms import Ring
+from shardlab.strategies.context_parallel.comms import Ring
 from shardlab.strategies.context_parallel.zigzag import ShardingError, chunk_ids
 
 FULL, DIAGONAL = "full", "diagonal"

@@ -16,7 +16,7 @@ from transformers import AttentionInterface
 from shardlab.strategies.base import Strategy
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.ring_attention import ring_attention
-from shardlab.strategies.context_parallel.ring_comms import Ring
+from shardlab.strategies.context_parallel.comms import Ring
 from shardlab.strategies.data_parallel.comms import GradientBucket
 
 ATTENTION_NAME = "shardlab_ring"

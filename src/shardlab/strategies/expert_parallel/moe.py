@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from shardlab.strategies.expert_parallel.ep_comms import all_to_all, gather_counts
+from shardlab.strategies.expert_parallel.comms import all_to_all, gather_counts
 
 
 @dataclass(frozen=True)

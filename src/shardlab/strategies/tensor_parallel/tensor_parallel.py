@@ -28,7 +28,7 @@ from torch import nn
 
 from shardlab.strategies.base import Strategy, causal_lm_loss
 from shardlab.strategies.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from shardlab.strategies.tensor_parallel.tp_communications import (
+from shardlab.strategies.tensor_parallel.comms import (
     copy_to_tp, gather_last_dim, reduce_from_tp, reduce_scatter_sequence, sequence_gathered_linear, split_sequence)
 
 
