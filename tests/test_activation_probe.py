@@ -120,7 +120,7 @@ def test_a_freed_parameter_storage_key_is_never_taken_by_a_new_tensor():
 
 @pytest.fixture(scope="module")
 def dp_family_runs(tiny_assets, tmp_path_factory):
-    from conftest import launch_test_run
+    from helpers import launch_test_run
 
     root = tmp_path_factory.mktemp("activation_probe")
     runs = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from helpers import REPO
 from shardlab.costs.plan import Cluster, Workload, rejection
 from shardlab.costs.predict import collectives, rank_states
 from shardlab.costs.shapes import ModelShape

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import TEST_EXPERIMENT
+from helpers import TEST_EXPERIMENT
 from shardlab.costs.alpha_beta import AlphaBeta, fit_alpha_beta, fit_table, models_from_table
 from shardlab.costs.collectives import COLLECTIVES, bus_factor, busbw
 from shardlab.costs.comm_volume import bytes_per_rank
@@ -78,7 +78,7 @@ def test_fit_table_fits_bus_bytes_per_collective():
     assert fits.set_index("collective").loc["broadcast", "status"] == "failed: boom"
 
 
-# --- volumes against hand counts (the conftest tiny model: h=64, 2 layers, i=256, V=256) --------------
+# --- volumes against hand counts (the tests' tiny model: h=64, 2 layers, i=256, V=256) --------------
 TINY = ModelShape.from_dict(TEST_EXPERIMENT["model"])
 
 # Hand count. Per layer: 2 LayerNorms 4*64; QKV 64*192+192; dense 64*64+64; MLP 64*256+256 and 256*64+64.

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from conftest import TEST_EXPERIMENT, assert_losses_match
+from helpers import TEST_EXPERIMENT, assert_losses_match
 from shardlab.config import deep_merge
 from shardlab.costs.plan import Workload
 from shardlab.costs.predict import rank_activations, rank_states

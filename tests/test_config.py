@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, TEST_EXPERIMENT
+from helpers import REPO, TEST_EXPERIMENT
 from shardlab.errors import ConfigError
 from shardlab.study import load_study
 

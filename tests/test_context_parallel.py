@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within
+from helpers import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within
 from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
 from shardlab.tables.parity import tolerance
@@ -43,7 +43,7 @@ def test_ring_attention_matches_full_attention(tmp_path):
     """Outputs and dq/dk/dv shards vs plain softmax attention, causal and not, chunk sizes 1, 3, 5."""
     out = tmp_path / "ring.json"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    str(HERE / "ring_attention_check.py"), str(out)], check=True, timeout=300)
+                    str(HERE / "workers" / "ring_attention.py"), str(out)], check=True, timeout=300)
     results = json.loads(out.read_text())
     assert results["cp_size"] == 2
     assert {(c["seq_len"], c["causal"]) for c in results["cases"]} == {(n, m) for n in (4, 12, 20) for m in (True, False)}

@@ -15,7 +15,7 @@ import pytest
 
 from shardlab.bench import cost_grid as cg
 from shardlab.costs.activations import COMPONENTS, PRECISIONS, layer_bytes, measured_per_layer
-from conftest import rung_states
+from helpers import rung_states
 from shardlab.costs.sharded_states import Held, parameter_shapes
 
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")

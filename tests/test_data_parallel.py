@@ -3,7 +3,7 @@ and the data-parallel tables (throughput ratios, blocked communication per step)
 
 import pytest
 
-from conftest import TEST_EXPERIMENT, assert_losses_match
+from helpers import TEST_EXPERIMENT, assert_losses_match
 
 from shardlab.strategies import REGISTRY, strategies_of
 from shardlab.tables import TableInputs

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import MOE_OVERRIDES, TEST_EXPERIMENT, assert_losses_match
+from helpers import MOE_OVERRIDES, TEST_EXPERIMENT, assert_losses_match
 from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
 from shardlab.tables import TableInputs

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 k8s_plugin = pytest.importorskip("snakemake_executor_plugin_kubernetes",
                                  reason="snakemake-executor-plugin-kubernetes not installed (pip install -e '.[cluster]')")

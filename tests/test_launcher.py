@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import TEST_EXPERIMENT
+from helpers import TEST_EXPERIMENT
 from shardlab.costs.shapes import ModelShape
 from shardlab.runner.failures import failure_outcome
 from shardlab.runner.launch import launch, share_reference

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match
+from helpers import REPO, TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match
 from shardlab.config import deep_merge, resolve_launch, run_layout
 from shardlab.errors import ConfigError
 from shardlab.runner import nodes

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, launch_test_run
+from helpers import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, launch_test_run
 from shardlab.config import deep_merge
 from shardlab.tables.parity import (CEILING, NOISE_MULTIPLE, UNIT_ROUNDOFF, floor_runs, loss_tolerance, max_deviation,
                                     needs_noise_floor, parity_rows, planned_tolerance, sensitivity_rows, tolerance)
@@ -184,7 +184,7 @@ def test_every_injected_error_fails_and_every_correct_strategy_passes(sensitivit
     assert (rows.loc[rows["expected"] == "fail", "outcome"] == "fail").sum() == 4
     assert rows["tolerance_fraction"].max() < 2e-3
     for row in rows.itertuples():  # every comparison logged for scripts/parity-across-cpus.sh
-        from conftest import assert_within
+        from helpers import assert_within
 
         if row.expected == "pass":
             assert_within(f"sensitivity {dtype}: {row.strategy}", row.max_loss_deviation, row.tolerance)

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from conftest import TEST_EXPERIMENT, assert_losses_match
+from helpers import TEST_EXPERIMENT, assert_losses_match
 from shardlab.config import deep_merge
 from shardlab.costs.bubble import theory_bubble_ratio, theory_idle_fraction
 from shardlab.errors import ConfigError

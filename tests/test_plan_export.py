@@ -9,7 +9,7 @@ import copy
 import pytest
 import yaml
 
-from conftest import REPO, TEST_EXPERIMENT
+from helpers import REPO, TEST_EXPERIMENT
 from shardlab.costs.plan import Plan
 from shardlab.errors import ConfigError
 from shardlab.strategies import REGISTRY, get_spec

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import MOE_OVERRIDES, REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
+from helpers import MOE_OVERRIDES, REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
 from shardlab.config import deep_merge
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.faults import FAULT_STEP, ONCE_STEP

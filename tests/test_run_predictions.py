@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import TEST_EXPERIMENT, launch_test_run
+from helpers import TEST_EXPERIMENT, launch_test_run
 from shardlab.config import deep_merge
 from shardlab.costs.plan import Workload
 from shardlab.costs.predict import collectives, rank_activations, rank_states

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import TEST_TOKENS_PER_STEP, assert_within
+from helpers import TEST_TOKENS_PER_STEP, assert_within
 from shardlab.study import load_study_file
 from shardlab.tables.parity import tolerance
 from shardlab.core.data import TEXT_FORMATS, read_documents

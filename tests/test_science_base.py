@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, TEST_EXPERIMENT
+from helpers import REPO, TEST_EXPERIMENT
 from shardlab.config import deep_merge
 from shardlab.core.data import TokenBatches, fit_tokenizer
 from shardlab.errors import ConfigError

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, assert_losses_match
+from helpers import REPO, assert_losses_match
 from shardlab.strategies import REGISTRY
 
 SCRIPT = REPO / "scripts" / "local-slurm.sh"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import TEST_EXPERIMENT, assert_losses_match, assert_within, launch_test_run
+from helpers import TEST_EXPERIMENT, assert_losses_match, assert_within, launch_test_run
 
 from shardlab.costs.activations import (COMPONENTS, SPLITS, component_of, comparison_rows, korthikanti_per_layer,
                                        korthikanti_total, paper_mode, this_model_per_layer)
@@ -25,7 +25,7 @@ from shardlab.tables.parity import tolerance
 from shardlab.tables.tensor_parallel import TWIN_GOAL, build
 
 TP_STRATEGIES = ["tp", "tp_sp", "tp_dtensor", "tp_sp_dtensor"]
-WORKER = Path(__file__).with_name("tp_parity_worker.py")
+WORKER = Path(__file__).parent / "workers" / "tp_parity.py"
 
 
 @pytest.fixture(scope="module")

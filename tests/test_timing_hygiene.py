@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conftest import TEST_EXPERIMENT
+from helpers import TEST_EXPERIMENT
 from shardlab.core.data import TokenBatches
 from shardlab.runner.loop import train
 from shardlab.runner.metrics import StepLog

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-import browser
-from conftest import REPO, TEST_EXPERIMENT
+from helpers import browser
+from helpers import REPO, TEST_EXPERIMENT
 from shardlab.strategies import REGISTRY
 
 
@@ -165,7 +165,7 @@ def test_out_of_memory_is_recorded_and_partial_metrics_kept(run_strategy):
 
 @pytest.mark.torchrun
 def test_crash_is_recorded_with_reason(tiny_assets, tmp_path):
-    from conftest import TEST_EXPERIMENT
+    from helpers import TEST_EXPERIMENT
     from shardlab.runner.launch import launch
 
     _, tokens = tiny_assets

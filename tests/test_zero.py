@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within, rung_states
+from helpers import TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, assert_within, rung_states
 from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
 from shardlab.tables.parity import tolerance

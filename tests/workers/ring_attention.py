@@ -1,6 +1,6 @@
 """Run under torchrun: ring attention vs full attention, outputs and gradients, on every rank.
 
-`torchrun --nproc-per-node=N tests/ring_attention_check.py OUT.json`: every rank builds the same
+`torchrun --nproc-per-node=N tests/workers/ring_attention.py OUT.json`: every rank builds the same
 full q, k, v (same seed), runs plain softmax attention on the full sequence as the reference,
 runs ring attention on its zig-zag shard, and compares its shard of the output and of dq, dk, dv.
 Rank 0 writes the worst errors per case, and the error message for lengths that cannot be sharded.
