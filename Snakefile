@@ -5,6 +5,7 @@ from snakemake.utils import min_version
 
 min_version("8.20")
 
+
 # The planner's scenarios, shared by every study (config/planning.yaml).
 configfile: "config/planning.yaml"
 
@@ -58,10 +59,4 @@ LOCAL_RULES = (
     "share_reference",
     "science_splits",
 )
-workflow.localrules(
-    *(
-        r.name
-        for r in workflow.rules
-        if r.name.endswith("_tables") or r.name in LOCAL_RULES
-    )
-)
+workflow.localrules(*(r.name for r in workflow.rules if r.name.endswith("_tables") or r.name in LOCAL_RULES))

@@ -11,8 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from helpers import browser
-from helpers import REPO, TEST_EXPERIMENT
+from helpers import REPO, TEST_EXPERIMENT, browser
 from shardlab.strategies import REGISTRY
 
 
@@ -25,6 +24,13 @@ def test_lint_is_clean():
     proc = snakemake("--lint")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Lints for" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def test_the_workflow_is_formatted():
+    """snakefmt (line length in pyproject.toml) leaves every rule file as it is."""
+    proc = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 
 def test_runpod_profile_resolves_from_repository_root():
@@ -221,13 +227,19 @@ def test_a_run_on_a_corrupt_model_is_recorded_with_its_path(tiny_assets, tmp_pat
 
 def _rule_inputs(rule: str, kind: str):
     """A rule's declared input `kind` of the reduced study (a list, or a function of the wildcards)."""
+    return _all_rule_inputs(kind)[rule]
+
+
+def _all_rule_inputs(kind: str) -> dict:
+    """Every rule's declared input `kind` (None where it declares none) of the reduced study."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import ConfigSettings, ResourceSettings
 
     with SnakemakeApi() as api:
         workflow = api.workflow(resource_settings=ResourceSettings(cores=2), snakefile=REPO / "Snakefile",
                                 config_settings=ConfigSettings(configfiles=[REPO / "config/test.yaml"]), workdir=REPO)
-        return workflow.dag().workflow_api._workflow.get_rule(rule).input.get(kind)
+        rules = workflow.dag().workflow_api._workflow.rules
+        return {rule.name: rule.input.get(kind) for rule in rules}
 
 
 def _relative(files) -> set[str]:
@@ -258,3 +270,65 @@ def test_a_table_rule_declares_every_module_its_builder_imports(rule, imported):
     """Tables never go stale: a table rule's code inputs are its builder and everything that imports, so an
     edit to any of them reruns the rule (Snakemake reruns a job whose input changed)."""
     assert imported in _relative(_rule_inputs(rule, "code"))
+
+
+def _dry_run(root: Path) -> str:
+    """Snakemake's dry run of the reduced study in `root`, judging staleness by modification times
+    (the trigger a code edit fires); `root`'s own package on the path, so code inputs point into it."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "2", "--configfile", "config/test.yaml",
+                           "--rerun-triggers", "mtime"], cwd=root, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(root / "src")))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _scheduled(dry_run: str) -> tuple[set[str], set[str]]:
+    """(every rule with a job to run, the rules scheduled because an input of theirs changed on disk)."""
+    stats = dry_run.split("Job stats:")[1].split("Reasons:")[0]
+    jobs = {line.split()[0] for line in stats.splitlines()[3:] if line.strip() and not line.startswith("total")}
+    reasons = dry_run.split("Reasons:")[1].split("updated input files:")
+    direct = {r.strip() for r in reasons[1].splitlines()[1].split(",")} if len(reasons) > 1 else set()
+    return jobs, direct
+
+
+@pytest.fixture(scope="module")
+def built_study_copy(tmp_path_factory) -> Path:
+    """A copy of the repository in which every output of the reduced study exists and is newer than
+    every source: Snakemake has nothing to do there, until a file is edited."""
+    root = tmp_path_factory.mktemp("stale") / "repo"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, root / name, follow_symlinks=False)
+    summary = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "2", "--configfile",
+                              "config/test.yaml", "--summary"], cwd=root, capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, PYTHONPATH=str(root / "src")), check=True).stdout
+    outputs = [line.split("\t")[0] for line in summary.splitlines()[1:] if line.count("\t") == 5]
+    old = os.stat(REPO / "Snakefile").st_mtime - 3600
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.utime(path, (old, old))
+    for output in outputs:
+        (root / output).parent.mkdir(parents=True, exist_ok=True)
+        (root / output).touch()
+        os.utime(root / output, (old + 60, old + 60))
+    return root
+
+
+def test_editing_a_module_reruns_exactly_the_tables_that_import_it(built_study_copy):
+    """Tables never go stale, and nothing else reruns: in a built copy of the reduced study, touching
+    costs/zero_tree.py (the ZeRO decision tree) schedules, because of their own changed inputs,
+    exactly the rules whose code inputs hold it (the planning and ZeRO tables), then what reads their
+    tables (down to the report); no run and no unrelated table rule."""
+    root, edited = built_study_copy, "costs/zero_tree.py"
+    assert "Nothing to be done" in _dry_run(root)
+    importers = {rule for rule, code in _all_rule_inputs("code").items()
+                 if isinstance(code, list) and edited in _relative(code)}
+    assert importers and all(rule.endswith("_tables") for rule in importers), importers
+
+    source = root / "src/shardlab" / edited
+    source.write_text(source.read_text() + "\n# edited\n")
+    jobs, direct = _scheduled(_dry_run(root))
+    assert direct == importers, (direct, importers)
+    assert {"render_report", *importers} <= jobs
+    assert not jobs & {"run_strategy", "pipeline_tables", "science_tables", "runs_tables", "prepare_data"}, jobs

@@ -61,7 +61,9 @@ def table_files(*names):
 
 # The run-to-run noise of throughput ratios measured on this machine (scripts/timing-noise.py; not a
 # DAG output): the tables that widen throughput intervals by it read it.
-TIMING_NOISE = [os.path.join(workflow.basedir, config["report"]["timing_noise"])] if config["report"]["timing_noise"] else []
+TIMING_NOISE = (
+    [os.path.join(workflow.basedir, config["report"]["timing_noise"])] if config["report"]["timing_noise"] else []
+)
 
 
 SRC = f"{workflow.basedir}/src/shardlab"  # absolute: inputs hold under --directory too

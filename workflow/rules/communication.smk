@@ -4,9 +4,7 @@
 # shardlab.bench.comm (benchmark), shardlab.tables.communication (tables), shardlab.costs.network.
 
 COMM_BENCH_TABLES = table_files("comm_bench", "comm_fit")
-COMMUNICATION_TABLES = table_files(
-    "comm_volume", "comm_share", "comm_whatif", "comm_projection", "comm_fit_curve"
-)
+COMMUNICATION_TABLES = table_files("comm_volume", "comm_share", "comm_whatif", "comm_projection", "comm_fit_curve")
 
 
 rule comm_bench:

@@ -14,9 +14,7 @@ CONTEXT_EXPERT_TABLES = table_files(
 
 # The topic's runs, plus every experiment's settings: the builder looks among them for the
 # experiments whose model, data and training match a MoE experiment (its dense comparison).
-CONTEXT_EXPERT_INPUTS = topic_inputs("context_expert") | {
-    "experiments": [settings_file(e) for e in EXPERIMENTS]
-}
+CONTEXT_EXPERT_INPUTS = topic_inputs("context_expert") | {"experiments": [settings_file(e) for e in EXPERIMENTS]}
 
 
 rule context_expert_tables:

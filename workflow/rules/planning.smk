@@ -43,4 +43,3 @@ rule planning_tables:
 # Without scenarios the rule and the report section are left out.
 if config["planning"]["scenarios"]:
     REPORT_INPUTS.extend(PLANNING_TABLES)
-

@@ -65,10 +65,7 @@ rule science_splits:
         source=lambda w: repo_path(EXPERIMENTS[w.exp]["data"]["path"]),
     output:
         manifest=f"{RESULTS}/{{exp}}/splits/manifest.json",
-        parts=[
-            f"{RESULTS}/{{exp}}/splits/{part}.csv"
-            for part in ("train", "validation", "test")
-        ],
+        parts=[f"{RESULTS}/{{exp}}/splits/{part}.csv" for part in ("train", "validation", "test")],
     log:
         f"{RESULTS}/{{exp}}/logs/splits.log",
     conda:

@@ -1,9 +1,7 @@
 # The ZeRO ladder: measured vs predicted model-state memory, the decision tree's check against the
 # runs' outcomes, and the tree itself as a table. Logic: shardlab.tables.zero.
 
-ZERO_TABLES = table_files(
-    "zero_memory", "zero_tree_check", "zero_plan", "zero_rungs", "zero_verdicts"
-)
+ZERO_TABLES = table_files("zero_memory", "zero_tree_check", "zero_plan", "zero_rungs", "zero_verdicts")
 
 
 rule zero_tables:
