@@ -1,7 +1,7 @@
 """The fallback renderer's own additions to nbconvert's page (the whole report is rendered in the
 end-to-end test)."""
 
-from shardlab.reporting.render import table_of_contents
+from shardlab.reporting.render import made_tables, stage, table_of_contents
 
 PAGE = ('<h1 id="T">Title<a class="anchor-link" href="#T">¶</a></h1><p>x</p>'
         '<h2 id="A">Part A<a class="anchor-link" href="#A">¶</a></h2><h3 id="A1">Detail<a class="anchor-link" '
@@ -18,3 +18,21 @@ def test_the_table_of_contents_lists_sections_in_order_after_the_title():
 
 def test_a_page_without_sections_is_left_alone():
     assert table_of_contents("<h1>Only</h1>") == "<h1>Only</h1>"
+
+
+def test_a_section_whose_tables_the_study_lacks_says_so_instead_of_failing(tmp_path):
+    """A study with no single-device run writes an empty run_predictions.csv (no rows, no columns):
+    the predictions section is then a heading and what is missing, not a chunk that cannot parse it."""
+    src, out, tables = tmp_path / "reports", tmp_path / "out" / "report", tmp_path / "out" / "tables"
+    (src / "sections").mkdir(parents=True)
+    tables.mkdir(parents=True)
+    (src / "sections" / "a.qmd").write_text("<!-- requires: a.csv -->\n## Section A\n\n```{python}\nA\n```\n")
+    (src / "sections" / "b.qmd").write_text("<!-- requires: b.csv -->\n## Section B\n\n```{python}\nB\n```\n")
+    (src / "report.qmd").write_text("# T\n\n{{< include sections/a.qmd >}}\n\n{{< include sections/b.qmd >}}\n")
+    (tables / "a.csv").write_text("x\n1\n")
+    (tables / "b.csv").write_text("")
+
+    staged = stage(src / "report.qmd", out, made_tables(tables.glob("*.csv"))).read_text()
+    assert "{{< include sections/a.qmd >}}" in staged
+    assert "include sections/b.qmd" not in staged
+    assert "## Section B\n\nNot drawn: this study produced no data for it (missing tables: b)." in staged

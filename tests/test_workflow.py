@@ -265,10 +265,12 @@ def test_a_run_declares_the_code_it_executes():
 
 @pytest.mark.parametrize("rule, imported", [("verdicts_tables", "costs/sharded_states.py"),
                                             ("data_parallel_tables", "core/step_stats.py"),
-                                            ("composed_tables", "costs/rank_memory.py")])
+                                            ("composed_tables", "costs/rank_memory.py"),
+                                            ("render_report", "reporting/charts.py")])
 def test_a_table_rule_declares_every_module_its_builder_imports(rule, imported):
-    """Tables never go stale: a table rule's code inputs are its builder and everything that imports, so an
-    edit to any of them reruns the rule (Snakemake reruns a job whose input changed)."""
+    """Tables never go stale: a table rule's code inputs are its builder and everything it imports (the
+    report's: its renderer and chart helpers), so an edit to any of them reruns the rule (Snakemake
+    reruns a job whose input changed)."""
     assert imported in _relative(_rule_inputs(rule, "code"))
 
 

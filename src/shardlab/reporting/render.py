@@ -21,7 +21,8 @@ FALLBACK = "fallback (jupytext + nbclient + nbconvert; quarto not on PATH)"
 
 def stage(qmd: Path, out_dir: Path, tables: set[str]) -> Path:
     """Copy the report and its sections next to the outputs (the report runs in out_dir and reads
-    ../tables), leaving out each section whose `<!-- requires: ... -->` tables this study did not make."""
+    ../tables); a section whose `<!-- requires: ... -->` tables this study did not make becomes its
+    heading and a line saying what the study lacks."""
     out_dir.mkdir(parents=True, exist_ok=True)
     sections = qmd.parent / "sections"
     if sections.is_dir():
@@ -32,13 +33,25 @@ def stage(qmd: Path, out_dir: Path, tables: set[str]) -> Path:
         required = REQUIRES.match(section)
         missing = set(required.group(1).split()) - tables if required else set()
         if missing:
-            print(f"section {match.group(1)} left out: this study has no {', '.join(sorted(missing))}")
-            return ""
+            print(f"section {match.group(1)} not drawn: this study has no {', '.join(sorted(missing))}")
+            return lacking(section, missing)
         return match.group(0)
 
     staged = out_dir / qmd.name
     staged.write_text(INCLUDE.sub(keep_or_skip, qmd.read_text()))
     return staged
+
+
+def lacking(section: str, missing: set[str]) -> str:
+    """A section's heading and what this study did not produce for it, in place of the section."""
+    heading = next((line for line in section.splitlines() if line.startswith("## ")), "## (untitled section)")
+    names = ", ".join(name.removesuffix(".csv").replace("_", " ") for name in sorted(missing))
+    return f"{heading}\n\nNot drawn: this study produced no data for it (missing tables: {names}).\n"
+
+
+def made_tables(paths) -> set[str]:
+    """The names of the tables a study made: an empty file (a topic with no rows and no columns) is none."""
+    return {Path(p).name for p in paths if Path(p).is_file() and Path(p).stat().st_size > 0}
 
 
 def expand_includes(text: str, base: Path) -> str:
@@ -115,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tables", type=Path, nargs="*", help="the tables this study made (default: all in ../tables)")
     args = parser.parse_args(argv)
     tables = args.tables or list((args.out_dir / ".." / "tables").glob("*.csv"))
-    html, renderer = render(args.qmd.resolve(), args.out_dir.resolve(), args.title, {t.name for t in tables})
+    html, renderer = render(args.qmd.resolve(), args.out_dir.resolve(), args.title, made_tables(tables))
     print(f"report rendered with {renderer} -> {html}")
     return 0
 
