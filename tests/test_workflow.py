@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -285,19 +286,22 @@ def _dry_run(root: Path) -> str:
 
 
 def _scheduled(dry_run: str) -> tuple[set[str], set[str]]:
-    """(every rule with a job to run, the rules scheduled because an input of theirs changed on disk)."""
-    stats = dry_run.split("Job stats:")[1].split("Reasons:")[0]
-    jobs = {line.split()[0] for line in stats.splitlines()[3:] if line.strip() and not line.startswith("total")}
-    reasons = dry_run.split("Reasons:")[1].split("updated input files:")
-    direct = {r.strip() for r in reasons[1].splitlines()[1].split(",")} if len(reasons) > 1 else set()
+    """(every rule with a job to run, the rules with a job scheduled because an input of its own changed
+    on disk), from the jobs' `reason:` lines."""
+    jobs, direct = set(), set()
+    for block in re.split(r"^(?:local)?rule ", dry_run, flags=re.MULTILINE)[1:]:
+        rule, reason = block.split(":", 1)[0], re.search(r"^\s*reason: (.*)$", block, re.MULTILINE)
+        jobs.add(rule)
+        if reason and "Updated input files" in reason.group(1):
+            direct.add(rule)
     return jobs, direct
 
 
-@pytest.fixture(scope="module")
-def built_study_copy(tmp_path_factory) -> Path:
+@pytest.fixture
+def built_study_copy(tmp_path) -> Path:
     """A copy of the repository in which every output of the reduced study exists and is newer than
     every source: Snakemake has nothing to do there, until a file is edited."""
-    root = tmp_path_factory.mktemp("stale") / "repo"
+    root = tmp_path / "repo"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for name in filter(None, tracked.decode().split("\0")):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -314,16 +318,21 @@ def built_study_copy(tmp_path_factory) -> Path:
         (root / output).parent.mkdir(parents=True, exist_ok=True)
         (root / output).touch()
         os.utime(root / output, (old + 60, old + 60))
+    assert "Nothing to be done" in _dry_run(root)
     return root
 
 
-def test_editing_a_module_reruns_exactly_the_tables_that_import_it(built_study_copy):
-    """Tables never go stale, and nothing else reruns: in a built copy of the reduced study, touching
-    costs/zero_tree.py (the ZeRO decision tree) schedules, because of their own changed inputs,
-    exactly the rules whose code inputs hold it (the planning and ZeRO tables), then what reads their
-    tables (down to the report); no run and no unrelated table rule."""
-    root, edited = built_study_copy, "costs/zero_tree.py"
-    assert "Nothing to be done" in _dry_run(root)
+@pytest.mark.parametrize("edited, untouched", [
+    ("costs/zero_tree.py", {"runs_tables", "pipeline_tables", "science_tables"}),  # the ZeRO decision tree
+    ("tables/runs.py", {"science_tables"}),  # a module tables/verdicts.py imports
+])
+def test_editing_a_module_reruns_exactly_the_tables_that_import_it(built_study_copy, edited, untouched):
+    """Tables never go stale, and nothing else reruns: in a built copy of the reduced study, an edit to a
+    module schedules every rule whose code inputs hold it, and what reads their tables (down to the
+    report); no run, no data preparation, and not the table rules that neither import it nor read what
+    it changes. (Snakemake names the changed file as the reason only for a job with nothing rerun
+    upstream: those must be importers.)"""
+    root = built_study_copy
     importers = {rule for rule, code in _all_rule_inputs("code").items()
                  if isinstance(code, list) and edited in _relative(code)}
     assert importers and all(rule.endswith("_tables") for rule in importers), importers
@@ -331,6 +340,6 @@ def test_editing_a_module_reruns_exactly_the_tables_that_import_it(built_study_c
     source = root / "src/shardlab" / edited
     source.write_text(source.read_text() + "\n# edited\n")
     jobs, direct = _scheduled(_dry_run(root))
-    assert direct == importers, (direct, importers)
+    assert direct and direct <= importers, (direct, importers)
     assert {"render_report", *importers} <= jobs
-    assert not jobs & {"run_strategy", "pipeline_tables", "science_tables", "runs_tables", "prepare_data"}, jobs
+    assert not jobs & {"run_strategy", "prepare_data", *untouched}, jobs
