@@ -53,6 +53,15 @@ def test_a_clear_speed_up_is_supported_and_its_reverse_contradicted():
     assert _verdict(flipped, "1a") == CONTRADICTED
 
 
+@pytest.mark.parametrize("ddp_median, leaning", [(0.1005, "against"), (0.0995, "with")])
+def test_an_undecided_speed_claim_says_which_way_its_point_estimate_goes(ddp_median, leaning):
+    """DDP 0.5 % slower (or faster) than naive DP, within the noise: not decidable, and the evidence
+    says whether the point estimate goes against the claim or with it."""
+    steps = _steps({"dp_naive": _noisy(0.10, seed=1), "ddp": _noisy(ddp_median, seed=1)})
+    row = verdicts({"steps": steps, "runs": _runs()}).set_index("claim").loc["1b"]
+    assert row["verdict"] == UNDECIDED and f"the point estimate goes {leaning} the claim" in row["evidence"]
+
+
 def test_growth_with_model_size_needs_two_sizes():
     steps = _steps({"dp_naive": _noisy(0.10), "dp_interleaved": _noisy(0.08, seed=3)})
     one_size = verdicts({"steps": steps, "runs": _runs()})
@@ -81,6 +90,15 @@ def test_tensor_parallel_memory_claim_is_undecided_where_single_holds_no_optimiz
 def test_zero3_memory_claim_follows_the_table(zero3_bytes, verdict):
     table = verdicts({"steps": _steps({}), "runs": _runs(), "zero_memory": _zero(zero3_bytes)})
     assert _verdict(table, "2a") == verdict
+
+
+def test_rungs_holding_the_same_bytes_are_named_as_tied():
+    zero = _zero(5.0)
+    zero.loc[zero["strategy"] == "zero2", "measured_model_state_bytes"] = 10.0  # as zero1
+    row = verdicts({"steps": _steps({}), "runs": _runs(), "zero_memory": zero}).set_index("claim").loc["2a"]
+    assert "zero1 = zero2 hold the same" in row["evidence"]
+    assert "hold the same" not in verdicts({"steps": _steps({}), "runs": _runs(),
+                                            "zero_memory": _zero(5.0)}).set_index("claim").loc["2a", "evidence"]
 
 
 def test_claims_without_data_are_not_decidable_and_say_why():
