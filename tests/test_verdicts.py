@@ -165,3 +165,44 @@ def test_run_to_run_noise_turns_a_within_run_difference_into_a_tie():
     assert "within this run" in noisy.loc[noisy["claim"] == "1a", "evidence"].item()
     choice = strategy_choice({"steps": steps, "timing_noise": _repeats([0.9, 1.0, 1.1])})
     assert not choice.loc[choice["goal"] == "throughput", "decided"].item()
+
+
+def _abstract(tables: dict[str, pd.DataFrame]) -> str:
+    from shardlab.tables.verdicts import abstract
+
+    return " ".join(abstract(tables, verdicts(tables), strategy_choice(tables))["sentence"])
+
+
+def _finished_runs(strategies: list[str], experiment="data_parallel") -> pd.DataFrame:
+    return pd.DataFrame([{"experiment": experiment, "strategy": s, "family": s.split("_")[0], "status": "ok",
+                          "model.parameters": 924416, "tokens_per_step": 256, "world_size": 1 if s == "single" else 2,
+                          "environment.device_type": "cpu", "environment.device_name": "cpu",
+                          "environment.cpu_cores": 2, "environment.cpu_model": "EPYC"} for s in strategies])
+
+
+def test_the_abstract_is_computed_from_the_tables_and_follows_them():
+    """What ran, parity, the verdict counts, the fastest strategy and what carries over to GPUs, each
+    from a table: altering a table alters the sentence."""
+    fast, slow = _noisy(0.08, seed=1), _noisy(0.10, seed=2)
+    runs = _finished_runs(["single", "dp_naive", "ddp"])
+    parity = pd.DataFrame([{"experiment": "data_parallel", "strategy": s, "within_tolerance": True}
+                           for s in ("dp_naive", "ddp")])
+    tables = {"steps": _steps({"single": slow, "dp_naive": slow, "ddp": fast}), "runs": runs, "parity": parity}
+    text = _abstract(tables)
+    assert "3 training runs of 3 strategies" in text and "920 thousand parameters" in text
+    assert "2 of 2 parallel runs reproduce" in text and "Every run finished" in text
+    assert "PyTorch DDP beats naive data parallelism in throughput: supported" in text
+    assert "ddp is fastest in data_parallel" in text and "on 2 CPU cores (EPYC, gloo)" in text
+    assert "What carries over to GPUs: memory per rank" in text
+
+    wrong = parity.assign(within_tolerance=[True, False])
+    failed = runs.assign(status=["ok", "ok", "failed"])
+    slower = {"steps": _steps({"single": fast, "dp_naive": fast, "ddp": slow}), "runs": failed, "parity": wrong}
+    text = _abstract(slower)
+    assert "1 of 2 parallel runs reproduce" in text and "ddp do not" in text
+    assert "1 run(s) did not finish (ddp)" in text
+    assert "PyTorch DDP beats naive data parallelism in throughput: contradicted" in text
+    assert "ddp is fastest" not in text
+    on_gpu = _abstract({**tables, "runs": runs.assign(**{"environment.device_type": "cuda",
+                                                         "environment.device_name": "NVIDIA H100"})})
+    assert "on NVIDIA H100" in on_gpu and "What carries over to GPUs" not in on_gpu
