@@ -115,7 +115,7 @@ def test_dag_end_to_end_on_reduced_config(reduced_study):
     assert "Abstract." in html and "training runs of" in html  # the computed abstract opens the report
     verdicts = pd.read_csv(results / "tables" / "verdicts.csv")
     assert set(verdicts["verdict"]) <= {"supported", "contradicted", "not decidable"} and len(verdicts) >= 7
-    for figure in ("throughput", "memory_by_category", "loss_curves", "dp_comm_time"):
+    for figure in ("throughput", "memory_by_category", "parity_deviation", "dp_comm_time"):
         assert (results / "report" / "figures" / f"{figure}.png").stat().st_size > 1000
     renderer = (results / "report" / "renderer.txt").read_text()
     assert renderer.startswith("quarto") or renderer.startswith("fallback")
@@ -148,6 +148,7 @@ def test_the_report_reads_right_in_a_browser(reduced_study):
     assert facts["errors"] == []
     assert (facts["raw_tables"], facts["nan_cells"], facts["tracebacks"], facts["stderr_outputs"]) == (0, 0, 0, 0)
     assert facts["toc_links"] >= 5
+    assert facts["chart_faults"] == [], facts["chart_faults"]  # bars, facets and labels a reader can see
 
 
 @pytest.mark.skipif(browser.CHROMIUM is None, reason="no chromium on PATH")
@@ -161,6 +162,38 @@ def test_the_browser_check_can_fail(tmp_path):
     assert any(u.startswith("https://cdn.invalid") for u in facts["requests"])
     assert any("boom" in e for e in facts["errors"])
     assert facts["nan_cells"] == 1 and facts["raw_tables"] == 1
+
+
+@pytest.mark.skipif(browser.CHROMIUM is None, reason="no chromium on PATH")
+def test_the_chart_checks_can_fail(tmp_path):
+    """Each chart check flags what makes a drawn chart unreadable, and nothing in a sound chart: bars
+    under 2 px thick, facets under 120 px wide, a label Vega shortened with an ellipsis."""
+    import altair as alt
+
+    from shardlab.reporting import charts
+
+    charts._bundle_sent = False  # this page needs its own copy of the Vega bundle
+    bars = pd.DataFrame({"x": [f"b{i:03d}" for i in range(300)], "y": 1.0})
+    sound = pd.DataFrame({"x": ["a", "b", "c"], "y": [1.0, 2.0, 3.0], "f": ["p", "q", "q"]})
+    specs = [
+        alt.Chart(bars).mark_bar().encode(x="x:N", y="y:Q").properties(width=200, title="hairline"),
+        alt.Chart(sound).mark_bar().encode(x="x:N", y="y:Q").properties(width=60).facet("f:N").properties(
+            title="narrow"),
+        alt.Chart(sound.assign(c="a label much longer than the room its legend gives it")).mark_bar().encode(
+            x="x:N", y="y:Q", color=alt.Color("c:N", legend=alt.Legend(labelLimit=60))).properties(title="shortened"),
+        alt.Chart(sound).mark_bar().encode(x="x:N", y="y:Q").properties(width=200).facet("f:N").properties(
+            title="sound"),
+    ]
+    page = tmp_path / "charts.html"
+    page.write_text("<html><body>" + "".join(charts._offline_html(s.to_dict())["text/html"] for s in specs)
+                    + "</body></html>")
+    facts = browser.inspect(page)
+    assert facts["drawn"] == 4 and facts["errors"] == [], facts
+    faults = facts["chart_faults"]
+    assert any(f.startswith("hairline: bars") for f in faults), faults
+    assert any(f.startswith("narrow: 2 facet(s) narrower than 120 px") for f in faults), faults
+    assert any(f.startswith("shortened: text shortened") for f in faults), faults
+    assert not [f for f in faults if f.startswith("sound")], faults
 
 
 @pytest.mark.torchrun

@@ -23,6 +23,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 # Evaluated in the page once it has loaded: what the checks need, as one JSON-able object.
 PAGE_FACTS = """(() => {
+  CHART_FAULTS_FUNCTION
   const charts = [...document.querySelectorAll('div[id^="chart-"]')];
   const cells = [...document.querySelectorAll('td, th')].map(c => c.textContent.trim());
   const text = document.body.innerText;
@@ -34,8 +35,42 @@ PAGE_FACTS = """(() => {
     tracebacks: (text.match(/Traceback \\(most recent call last\\)/g) || []).length,
     stderr_outputs: document.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
     toc_links: document.querySelectorAll('#TOC a').length,
+    chart_faults: charts.flatMap(chartFaults),
+    screens: document.documentElement.scrollHeight / window.innerHeight,
   };
 })()"""
+
+# What makes a drawn chart unreadable, from its SVG (the report embeds charts with Vega's SVG
+# renderer): bars too thin to see, facets too narrow to label, text Vega shortened with an ellipsis
+# or drawn outside the chart's own box.
+CHART_FAULTS = """function chartFaults(div) {
+  const svg = div.querySelector('svg');
+  if (!svg) return [];
+  const faults = [], root = svg.getBoundingClientRect();
+  // The chart's own title is drawn last; facet headers and titles come before it.
+  const title = [...svg.querySelectorAll('g.mark-group.role-title')].filter(
+    g => !g.parentElement.closest('[class*="header"], [class*="facet-title"]')).at(-1);
+  const name = title ? title.textContent : div.id;
+  const same = xs => Math.max(...xs) - Math.min(...xs) < 0.5;
+  for (const group of svg.querySelectorAll('g.mark-rect')) {
+    const boxes = [...group.querySelectorAll(':scope > path')].map(p => p.getBoundingClientRect())
+      .filter(b => b.width > 0 && b.height > 0);
+    if (!boxes.length) continue;
+    const ws = boxes.map(b => b.width), hs = boxes.map(b => b.height);
+    const thickness = same(ws) ? ws[0] : same(hs) ? hs[0] : Math.min(...boxes.map(b => Math.max(b.width, b.height)));
+    if (thickness < 2) faults.push(`${name}: bars ${thickness.toFixed(1)} px thick`);
+  }
+  const cells = [...svg.querySelectorAll('g.mark-group.role-scope.cell > g > path.background')];
+  const narrow = cells.map(c => c.getBoundingClientRect().width).filter(w => w < 120);
+  if (narrow.length) faults.push(`${name}: ${narrow.length} facet(s) narrower than 120 px (${Math.min(...narrow).toFixed(0)} px)`);
+  for (const text of svg.querySelectorAll('text')) {
+    const b = text.getBoundingClientRect(), words = text.textContent;
+    if (words.endsWith('…')) faults.push(`${name}: text shortened: "${words}"`);
+    else if (words.trim() && (b.left < root.left - 1 || b.right > root.right + 1 || b.top < root.top - 1 ||
+                              b.bottom > root.bottom + 1)) faults.push(`${name}: text outside the chart: "${words}"`);
+  }
+  return faults;
+}"""
 
 
 def inspect(html: Path, timeout_s: float = 60.0) -> dict:
@@ -46,6 +81,7 @@ def inspect(html: Path, timeout_s: float = 60.0) -> dict:
         # Every host name resolves to nothing: a request is still seen (and fails the check), at once,
         # instead of waiting on DNS on an offline machine.
         proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                 "--window-size=1400,900",  # the reader's screen the report is judged on
                                  "--host-resolver-rules=MAP * ~NOTFOUND", "--remote-debugging-port=0",
                                  f"--user-data-dir={profile}", "about:blank"],
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -110,7 +146,8 @@ async def _inspect(port: int, url: str, timeout_s: float) -> dict:
     await asyncio.wait_for(loaded.wait(), timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:  # charts draw asynchronously after the load event
-        facts = (await call("Runtime.evaluate", expression=PAGE_FACTS, returnByValue=True))["result"]["value"]
+        expression = PAGE_FACTS.replace("CHART_FAULTS_FUNCTION", CHART_FAULTS)
+        facts = (await call("Runtime.evaluate", expression=expression, returnByValue=True))["result"]["value"]
         if facts["drawn"] == facts["charts"] or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.25)

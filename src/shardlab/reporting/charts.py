@@ -16,7 +16,8 @@ _bundle_sent = False
 def _offline_html(spec: dict, **_metadata) -> dict:
     """Altair renderer: the Vega bundle (vl-convert's, ~0.9 MB) is inlined ONCE per report, and each
     chart is a div plus a scoped embed call. Altair's own "inline" template repeats the bundle in
-    every chart, and its top-level `const`s collide when several charts share one page."""
+    every chart, and its top-level `const`s collide when several charts share one page. SVG, not
+    canvas: a chart's marks and labels are then elements a browser test can measure."""
     global _bundle_sent
     import vl_convert
 
@@ -26,7 +27,7 @@ def _offline_html(spec: dict, **_metadata) -> dict:
         html += f'<script type="text/javascript">{vl_convert.javascript_bundle()}</script>\n'
         _bundle_sent = True
     html += (f'<div id="{div}"></div>\n<script type="text/javascript">(function () {{'
-             f' vegaEmbed("#{div}", {json.dumps(spec)}, {{"mode": "vega-lite", "actions": false}})'
+             f' vegaEmbed("#{div}", {json.dumps(spec)}, {{"mode": "vega-lite", "actions": false, "renderer": "svg"}})'
              f'.catch(console.error); }})();</script>')
     return {"text/html": html}
 
