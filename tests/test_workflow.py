@@ -149,6 +149,7 @@ def test_the_report_reads_right_in_a_browser(reduced_study):
     assert (facts["raw_tables"], facts["nan_cells"], facts["tracebacks"], facts["stderr_outputs"]) == (0, 0, 0, 0)
     assert facts["toc_links"] >= 5
     assert facts["chart_faults"] == [], facts["chart_faults"]  # bars, facets and labels a reader can see
+    assert facts["unnumbered_charts"] == 0  # every chart a numbered figure with a caption
 
 
 @pytest.mark.skipif(browser.CHROMIUM is None, reason="no chromium on PATH")
@@ -158,7 +159,7 @@ def test_the_browser_check_can_fail(tmp_path):
                     '<table><tr><td>nan</td></tr></table><script>console.error("boom")</script>'
                     "<p>| a | b |</p><p>|---|---|</p></body></html>")
     facts = browser.inspect(page, timeout_s=5)  # the chart never draws: waits this long
-    assert facts["charts"] == 1 and facts["drawn"] == 0
+    assert facts["charts"] == 1 and facts["drawn"] == 0 and facts["unnumbered_charts"] == 1
     assert any(u.startswith("https://cdn.invalid") for u in facts["requests"])
     assert any("boom" in e for e in facts["errors"])
     assert facts["nan_cells"] == 1 and facts["raw_tables"] == 1

@@ -36,6 +36,8 @@ PAGE_FACTS = """(() => {
     stderr_outputs: document.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
     toc_links: document.querySelectorAll('#TOC a').length,
     chart_faults: charts.flatMap(chartFaults),
+    unnumbered_charts: charts.filter(c => !/^Figure \\d+\\. \\S/.test(
+      (c.closest('figure') || {querySelector: () => null}).querySelector('figcaption')?.textContent || '')).length,
     screens: document.documentElement.scrollHeight / window.innerHeight,
   };
 })()"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import uuid
 from pathlib import Path
@@ -46,12 +47,39 @@ def setup() -> None:
     alt.data_transformers.disable_max_rows()
 
 
-def save_chart(chart: alt.TopLevelMixin, name: str) -> alt.TopLevelMixin:
-    """Write figures/<name>.png and .svg (vl-convert, offline) and return the chart for display."""
+class Figure:
+    """A chart as a numbered figure: the chart, then "Figure N." and its caption (by default the
+    chart's title), as one HTML figure element the report and its browser test can count."""
+
+    count = 0
+
+    def __init__(self, chart: alt.TopLevelMixin, caption: str | None):
+        Figure.count += 1
+        self.chart, self.number = chart, Figure.count
+        self.caption = caption or _title(chart.to_dict())
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = self.chart._repr_mimebundle_(include, exclude)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        caption = html.escape(str(self.caption))
+        return {"text/html": f'<figure class="shardlab-figure" id="figure-{self.number}">{data["text/html"]}'
+                             f"<figcaption><b>Figure {self.number}.</b> {caption}</figcaption></figure>"}
+
+
+def _title(spec: dict) -> str:
+    """A chart's title as text: its own, else its first layer's (a layered chart titles a layer)."""
+    title = spec.get("title") or next((layer.get("title") for layer in spec.get("layer", []) if "title" in layer), "")
+    title = title.get("text", "") if isinstance(title, dict) else title
+    return " — ".join(title) if isinstance(title, list) else title
+
+
+def save_chart(chart: alt.TopLevelMixin, name: str, caption: str | None = None) -> Figure:
+    """Write figures/<name>.png and .svg (vl-convert, offline) and return the chart as the report's
+    next numbered figure; `caption` leads with what the figure shows (default: the chart's title)."""
     FIGURES.mkdir(exist_ok=True)
     chart.save(str(FIGURES / f"{name}.svg"))
     chart.save(str(FIGURES / f"{name}.png"))  # scale 2 costs ~0.8 s per chart, scale 1 ~0.1 s
-    return chart
+    return Figure(chart, caption)
 
 
 def show_table(frame, floatfmt: str = ".4g") -> None:
