@@ -39,6 +39,13 @@ PAGE_FACTS = """(() => {
     unnumbered_charts: charts.filter(c => !/^Figure \\d+\\. \\S/.test(
       (c.closest('figure') || {querySelector: () => null}).querySelector('figcaption')?.textContent || '')).length,
     screens: document.documentElement.scrollHeight / window.innerHeight,
+    // code identifiers in the prose a reader reads (code elements and tables aside)
+    prose_identifiers: [...new Set([...document.querySelectorAll('p, li, figcaption, summary, h1, h2, h3, h4')]
+      .flatMap(el => {
+        const prose = el.cloneNode(true);
+        prose.querySelectorAll('code, pre, table').forEach(c => c.remove());
+        return prose.textContent.match(/\\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\\b/g) || [];
+      }))],
   };
 })()"""
 

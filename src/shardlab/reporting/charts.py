@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import uuid
 from pathlib import Path
 
 import altair as alt
 
 FIGURES = Path("figures")
+IDENTIFIER = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 MIB = 1024**2
 _bundle_sent = False
 
@@ -61,7 +63,8 @@ class Figure:
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = self.chart._repr_mimebundle_(include, exclude)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
-        caption = html.escape(str(self.caption))
+        # Names of runs, experiments and metrics (snake_case) read as names: set as code.
+        caption = IDENTIFIER.sub(r"<code>\g<0></code>", html.escape(str(self.caption)))
         return {"text/html": f'<figure class="shardlab-figure" id="figure-{self.number}">{data["text/html"]}'
                              f"<figcaption><b>Figure {self.number}.</b> {caption}</figcaption></figure>"}
 
