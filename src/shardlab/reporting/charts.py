@@ -36,8 +36,11 @@ def _offline_html(spec: dict, **_metadata) -> dict:
 
 
 def _theme() -> alt.theme.ThemeConfig:
-    """20 distinguishable colours (Vega's default has 10, and the study has 23 strategies)."""
-    return alt.theme.ThemeConfig({"config": {"range": {"category": {"scheme": "tableau20"}}}})
+    """20 distinguishable colours (Vega's default has 10, and the study has 23 strategies), and labels
+    long enough for every run's name."""
+    # Run names such as composed_dp2_cp2_fsdp2_grad_op are long: labels get the room to show whole.
+    return alt.theme.ThemeConfig({"config": {"range": {"category": {"scheme": "tableau20"}},
+                                             "axis": {"labelLimit": 360}, "legend": {"labelLimit": 360}}})
 
 
 def setup() -> None:
@@ -70,10 +73,14 @@ class Figure:
 
 
 def _title(spec: dict) -> str:
-    """A chart's title as text: its own, else its first layer's (a layered chart titles a layer)."""
-    title = spec.get("title") or next((layer.get("title") for layer in spec.get("layer", []) if "title" in layer), "")
+    """A chart's title as text: its own, else its parts' (a layered chart titles a layer, a
+    concatenation each of its panels)."""
+    title = spec.get("title", "")
     title = title.get("text", "") if isinstance(title, dict) else title
-    return " — ".join(title) if isinstance(title, list) else title
+    if title:
+        return " — ".join(title) if isinstance(title, list) else title
+    parts = [_title(part) for key in ("layer", "hconcat", "vconcat", "concat") for part in spec.get(key, [])]
+    return next((p for p in parts if p), "") if "layer" in spec else "; ".join(p for p in parts if p)
 
 
 def save_chart(chart: alt.TopLevelMixin, name: str, caption: str | None = None) -> Figure:

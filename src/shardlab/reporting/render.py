@@ -95,15 +95,23 @@ def render_fallback(qmd: Path, title: str) -> Path:
     return html
 
 
+# The contents stay in view at the left, so the first screen holds the title, abstract and verdicts.
+SIDE_TOC_STYLE = ("<style>#TOC{position:fixed;top:0;left:0;width:270px;height:100vh;overflow-y:auto;"
+                  "box-sizing:border-box;padding:1em;font-size:0.85em;border-right:1px solid #ddd;"
+                  "background:#fafafa}body{margin-left:290px !important}</style>")
+
+
 def table_of_contents(html: str) -> str:
     """Insert a table of contents of the section headings after the title, as Quarto's `toc: true`
-    does (same element id, `TOC`), with links to nbconvert's heading anchors."""
+    does (same element id, `TOC`), with links to nbconvert's heading anchors; it is drawn as a
+    fixed side panel."""
     heads = re.findall(r'<h([23]) id="([^"]+)"[^>]*>(.*?)<a class="anchor-link"', html, re.DOTALL)
     if not heads or "</h1>" not in html:
         return html
     items = "".join(f'<li style="margin-left:{(int(level) - 2) * 1.5}em"><a href="#{anchor}">{text.strip()}</a></li>'
                     for level, anchor, text in heads)
     nav = f'<nav id="TOC"><strong>Contents</strong><ul style="list-style:none;padding-left:0">{items}</ul></nav>'
+    html = html.replace("</head>", SIDE_TOC_STYLE + "</head>", 1)
     return html.replace("</h1>", "</h1>" + nav, 1)
 
 

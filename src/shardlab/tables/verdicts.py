@@ -248,6 +248,11 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
+def _span(values: list) -> str:
+    """[2] -> '2', [1, 2] -> '1 or 2', [1, 2, 4, 8] -> '1 to 8'."""
+    return (" or ".join(map(str, values)) if len(values) <= 2 else f"{values[0]} to {values[-1]}") or "unknown"
+
+
 def _study_sentence(runs: pd.DataFrame) -> str:
     """What ran, on what: runs, strategies and families, model sizes, tokens per step, processes, machine."""
     sizes = sorted(runs["model.parameters"].dropna().unique()) if "model.parameters" in runs else []
@@ -260,8 +265,8 @@ def _study_sentence(runs: pd.DataFrame) -> str:
              else f" on {int(env['environment.cpu_cores'])} CPU cores ({env['environment.cpu_model']}, gloo)")
     return (f"{len(runs)} training runs of {runs['strategy'].nunique()} strategies from "
             f"{runs['family'].nunique()} families of parallelism, on GPT-NeoX models of {size} parameters, "
-            f"{' or '.join(map(str, tokens)) or 'unknown'} tokens per step, with "
-            f"{' or '.join(map(str, worlds)) or 'unknown'} processes{where}.")
+            f"{_span(tokens)} tokens per step, with "
+            f"{_span(worlds)} processes{where}.")
 
 
 def _parity_sentence(parity: pd.DataFrame | None, runs: pd.DataFrame) -> str:
@@ -284,7 +289,7 @@ def _verdict_sentences(table: pd.DataFrame) -> list[str]:
              f"{counts.get(UNDECIDED, 0)} not decidable on this data.")
     decided = table[(table["verdict"] != UNDECIDED) & table["ratio"].notna()]
     return [first, *(f"{r['statement']}: {r['verdict']} ({r['measure']} = {r['ratio']:.2f})."
-                     for _, r in decided.head(3).iterrows())]
+                     for _, r in decided.head(2).iterrows())]
 
 
 def _choice_sentence(choice: pd.DataFrame) -> str | None:
@@ -300,8 +305,11 @@ def _choice_sentence(choice: pd.DataFrame) -> str | None:
         ahead = fastest.loc[alone, "ratio"]
         parts.append(f"one process is fastest in {int(alone.sum())} of {choice['experiment'].nunique()} experiments "
                      f"({ahead.min():.2f}x to {ahead.max():.2f}x the runner-up's tokens/s)")
+    others = fastest[~alone]
     parts += [f"{r['choice']} is fastest in {r['experiment']} ({r['ratio']:.2f}x {r['versus']})"
-              for _, r in fastest[~alone].iterrows()]
+              for _, r in others.head(2).iterrows()]
+    more = len(others) - 2
+    parts += [f"in {more} more experiment{'s' if more > 1 else ''} a parallel strategy is fastest"] if more > 0 else []
     return "Beyond the run-to-run noise, " + "; ".join(parts) + "."
 
 
