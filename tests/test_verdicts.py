@@ -168,9 +168,10 @@ def test_run_to_run_noise_turns_a_within_run_difference_into_a_tie():
 
 
 def _abstract(tables: dict[str, pd.DataFrame]) -> str:
-    from shardlab.tables.verdicts import abstract
+    from shardlab.tables.abstract import abstract
 
-    return " ".join(abstract(tables, verdicts(tables), strategy_choice(tables))["sentence"])
+    return " ".join(abstract({**tables, "verdicts": verdicts(tables),
+                              "strategy_choice": strategy_choice(tables)})["sentence"])
 
 
 def _finished_runs(strategies: list[str], experiment="data_parallel") -> pd.DataFrame:

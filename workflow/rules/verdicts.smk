@@ -1,7 +1,7 @@
 # The study's claims, each with its verdict computed from the other tables (the report's executive
 # summary). Logic: shardlab.tables.verdicts.
 
-VERDICT_TABLES = table_files("verdicts", "strategy_choice", "run_to_run_noise", "abstract")
+VERDICT_TABLES = table_files("verdicts", "strategy_choice", "run_to_run_noise")
 # The tables the claims are judged on; a topic the study does not run leaves its claims undecided.
 VERDICT_EVIDENCE = table_files("runs", "steps", "ranks", "parity")
 if STUDY.experiments_of("zero"):

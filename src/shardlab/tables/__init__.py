@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "composed",
-          "communication", "science", "verdicts", "planning", "predictions")
+          "communication", "science", "verdicts", "planning", "predictions", "abstract")
 
 
 @dataclass
