@@ -1,5 +1,6 @@
 """The workflow end to end: lint, the DAG on the reduced config, failures recorded as data."""
 
+import functools
 import json
 import os
 import re
@@ -266,6 +267,7 @@ def _rule_inputs(rule: str, kind: str):
     return _all_rule_inputs(kind)[rule]
 
 
+@functools.cache
 def _all_rule_inputs(kind: str) -> dict:
     """Every rule's declared input `kind` (None where it declares none) of the reduced study."""
     from snakemake.api import SnakemakeApi
@@ -332,11 +334,12 @@ def _scheduled(dry_run: str) -> tuple[set[str], set[str]]:
     return jobs, direct
 
 
-@pytest.fixture
-def built_study_copy(tmp_path) -> Path:
+@pytest.fixture(scope="module")
+def built_study_copy(tmp_path_factory) -> Path:
     """A copy of the repository in which every output of the reduced study exists and is newer than
-    every source: Snakemake has nothing to do there, until a file is edited."""
-    root = tmp_path / "repo"
+    every source: Snakemake has nothing to do there, until a file is edited (a test that edits one
+    puts it back as it was, time included)."""
+    root = tmp_path_factory.mktemp("built") / "repo"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for name in filter(None, tracked.decode().split("\0")):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -353,7 +356,6 @@ def built_study_copy(tmp_path) -> Path:
         (root / output).parent.mkdir(parents=True, exist_ok=True)
         (root / output).touch()
         os.utime(root / output, (old + 60, old + 60))
-    assert "Nothing to be done" in _dry_run(root)
     return root
 
 
@@ -368,13 +370,19 @@ def test_editing_a_module_reruns_exactly_the_tables_that_import_it(built_study_c
     it changes. (Snakemake names the changed file as the reason only for a job with nothing rerun
     upstream: those must be importers.)"""
     root = built_study_copy
+    assert "Nothing to be done" in _dry_run(root)
     importers = {rule for rule, code in _all_rule_inputs("code").items()
                  if isinstance(code, list) and edited in _relative(code)}
     assert importers and all(rule.endswith("_tables") for rule in importers), importers
 
     source = root / "src/shardlab" / edited
-    source.write_text(source.read_text() + "\n# edited\n")
-    jobs, direct = _scheduled(_dry_run(root))
+    text, before = source.read_text(), source.stat()
+    source.write_text(text + "\n# edited\n")
+    try:
+        jobs, direct = _scheduled(_dry_run(root))
+    finally:
+        source.write_text(text)
+        os.utime(source, (before.st_atime, before.st_mtime))
     assert direct and direct <= importers, (direct, importers)
     assert {"render_report", *importers} <= jobs
     assert not jobs & {"run_strategy", "prepare_data", *untouched}, jobs

@@ -25,14 +25,14 @@ def _offline_html(spec: dict, **_metadata) -> dict:
     import vl_convert
 
     div = f"chart-{uuid.uuid4().hex[:12]}"
-    html = ""
+    page = ""
     if not _bundle_sent:
-        html += f'<script type="text/javascript">{vl_convert.javascript_bundle()}</script>\n'
+        page += f'<script type="text/javascript">{vl_convert.javascript_bundle()}</script>\n'
         _bundle_sent = True
-    html += (f'<div id="{div}"></div>\n<script type="text/javascript">(function () {{'
+    page += (f'<div id="{div}"></div>\n<script type="text/javascript">(function () {{'
              f' vegaEmbed("#{div}", {json.dumps(spec)}, {{"mode": "vega-lite", "actions": false, "renderer": "svg"}})'
              f'.catch(console.error); }})();</script>')
-    return {"text/html": html}
+    return {"text/html": page}
 
 
 def _theme() -> alt.theme.ThemeConfig:
