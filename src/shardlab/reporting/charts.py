@@ -95,16 +95,15 @@ def save_chart(chart: alt.TopLevelMixin, name: str, caption: str | None = None) 
 COLLAPSE_ROWS = 12  # a longer table is folded: the reader opens it when wanted, the page stays short
 
 
-def show_table(frame, floatfmt: str = ".4g", what: str = "Table") -> None:
+def show_table(frame, floatfmt: str = ".4g") -> None:
     """A table in the rendered report (column names must not contain '|'); a missing value shows as a
-    dash, never as "nan". A table longer than COLLAPSE_ROWS is folded under a line naming `what`
-    and its size."""
+    dash, never as "nan". A table longer than COLLAPSE_ROWS is folded under a line giving its size."""
     from IPython.display import HTML, Markdown, display
 
     if len(frame) > COLLAPSE_ROWS:
         body = frame.to_html(index=False, na_rep="–", border=0,
                              float_format=lambda v: format(v, floatfmt), classes="shardlab-table")
-        display(HTML(f"<details><summary>{html.escape(what)}: {len(frame)} rows</summary>{body}</details>"))
+        display(HTML(f"<details><summary>Table: {len(frame)} rows</summary>{body}</details>"))
         return
     shown = frame.astype(object).where(frame.notna(), None)
     display(Markdown(shown.to_markdown(index=False, floatfmt=floatfmt, missingval="–")))
