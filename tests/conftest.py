@@ -30,25 +30,37 @@ def run_strategy(tiny_assets, tmp_path):
     return lambda strategy, overrides=None: launch_test_run(tiny_assets, tmp_path, strategy, overrides)
 
 
+class RunOnce:
+    """run_once(name, overrides) -> (summary, per-step records), launched once per session for each
+    distinct (strategy, overrides): for tests that only read a healthy run's outcome (parity, probes, the
+    uninterrupted runs that resumed ones must equal), so that they share one launch.
+    `run_once.run_dir(name, overrides)` is that run's folder (saved model, DeepSpeed config)."""
+
+    def __init__(self, assets, tmp_path_factory):
+        self.assets, self.tmp_path_factory, self.cache = assets, tmp_path_factory, {}
+
+    def _run(self, strategy, overrides):
+        key = (strategy, json.dumps(overrides or {}, sort_keys=True))
+        if key not in self.cache:
+            root = self.tmp_path_factory.mktemp(strategy)
+            self.cache[key] = (launch_test_run(self.assets, root, strategy, overrides), root / "runs" / strategy)
+        return self.cache[key]
+
+    def __call__(self, strategy, overrides=None):
+        return copy.deepcopy(self._run(strategy, overrides)[0])
+
+    def run_dir(self, strategy, overrides=None):
+        return self._run(strategy, overrides)[1]
+
+
 @pytest.fixture(scope="session")
 def run_once(tiny_assets, tmp_path_factory):
-    """run_once(name, overrides) -> (summary, per-step records), launched once per session for each
-    distinct (strategy, overrides): for tests that only read a healthy run's outcome (parity, and the
-    uninterrupted runs that resumed ones must equal), so that they share one launch."""
-    cache = {}
-
-    def run(strategy, overrides=None):
-        key = (strategy, json.dumps(overrides or {}, sort_keys=True))
-        if key not in cache:
-            cache[key] = launch_test_run(tiny_assets, tmp_path_factory.mktemp(strategy), strategy, overrides)
-        return copy.deepcopy(cache[key])
-
-    return run
+    return RunOnce(tiny_assets, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def reference_losses(tiny_assets, tmp_path_factory):
-    """Per-step losses of the single-device reference on TEST_EXPERIMENT (one launch per session)."""
-    summary, steps = launch_test_run(tiny_assets, tmp_path_factory.mktemp("reference"), "single")
+def reference_losses(run_once):
+    """Per-step losses of the single-device reference on TEST_EXPERIMENT (the shared launch)."""
+    summary, steps = run_once("single")
     assert summary["status"] == "ok", summary["reason"]
     return [s["loss"] for s in steps]

@@ -119,13 +119,11 @@ def test_a_freed_parameter_storage_key_is_never_taken_by_a_new_tensor():
 
 
 @pytest.fixture(scope="module")
-def dp_family_runs(tiny_assets, tmp_path_factory):
-    from helpers import launch_test_run
-
-    root = tmp_path_factory.mktemp("activation_probe")
+def dp_family_runs(run_once):
+    """Per-rank records of each DP-family run: the healthy runs other tests share (the probe measures step 0)."""
     runs = {}
-    for strategy in DP_FAMILY:  # 2 steps: the probe measures step 0
-        summary, _ = launch_test_run(tiny_assets, root, strategy, {"training": {"steps": 2}})
+    for strategy in DP_FAMILY:
+        summary, _ = run_once(strategy)
         assert summary["status"] == "ok", (strategy, summary.get("reason"))
         runs[strategy] = summary["ranks"]
     return runs

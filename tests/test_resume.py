@@ -111,28 +111,30 @@ def test_a_restart_after_a_lost_rank_resumes_exactly(strategy, run_strategy, uni
 
 # Who waits for the hung rank: torch's process group in a collective (DDP; TP, CP and EP wait the same
 # way), DeepSpeed's communication layer (ZeRO-3), and a point-to-point receive (a pipeline). One
-# strategy of each kind of wait; the other families add launches (~25 s each), not cases.
-HANG_CASES = ["ddp", "zero3", "pp_1f1b"]
+# strategy of each kind of wait; the other families add launches (~10 s each), not cases. The launcher
+# restarts once (and gives up) for DDP; that logic is the strategy's no more, so the others hang once.
+HANG_CASES = {"ddp": 1, "zero3": 0, "pp_1f1b": 0}  # strategy: launch.max_restarts
 
 
 @pytest.mark.torchrun
 @pytest.mark.parametrize("strategy", HANG_CASES)
 def test_a_hung_rank_times_out_and_exhausted_restarts_are_recorded(strategy, run_strategy, tmp_path):
     """Rank 1 hangs silently at step 1 in every attempt: the others wait in a collective until the
-    process-group timeout, the launcher restarts once, the restart hangs too, and the run is recorded
-    as failed with the timeout as its reason, long before the run's own deadline."""
+    process-group timeout, the launcher restarts (if allowed), the restart hangs too, and the run is
+    recorded as failed with the timeout as its reason, long before the run's own deadline."""
     started = time.monotonic()
+    restarts = HANG_CASES[strategy]
     faults = {"training": {"checkpoint_every": 1, "fault_injection": "hang_rank1"},
-              "launch": {"max_restarts": 1, "collective_timeout_s": HANG_TIMEOUT_S, "timeout_s": DEADLINE_S}}
+              "launch": {"max_restarts": restarts, "collective_timeout_s": HANG_TIMEOUT_S, "timeout_s": DEADLINE_S}}
     summary, steps = run_strategy(strategy, deep_merge(faults, FAMILIES[strategy]))
     _record(strategy, f"rank 1 hangs at step {FAULT_STEP}, every attempt", "none: restarts exhausted", summary, started)
     assert summary["status"] == "failed"
     assert "collective timed out (launch.collective_timeout_s)" in summary["reason"], summary["reason"]
-    assert len(summary["restarts"]) == 1 and "collective timed out" in summary["restarts"][0]
-    assert [r["from_step"] for r in summary["resumes"]] == [1]  # the restart resumed from step 0's checkpoint
+    assert len(summary["restarts"]) == restarts and all("collective timed out" in r for r in summary["restarts"])
+    assert [r["from_step"] for r in summary["resumes"]] == [1] * restarts  # a restart resumes from step 0's checkpoint
     assert [s["step"] for s in steps] == [0]  # step 0, measured by the first attempt, kept
     assert time.monotonic() - started < DEADLINE_S  # the deadline was never needed
-    assert not run_processes(str(tmp_path))  # and no rank of either attempt is left running
+    assert not run_processes(str(tmp_path))  # and no rank of any attempt is left running
 
 
 @pytest.mark.torchrun
@@ -210,9 +212,10 @@ def test_only_strategies_whose_state_dcp_can_recut_claim_to_reshard():
 
 
 def _study(root: Path, fault: str) -> Path:
-    """The reduced study cut to one experiment (single, ddp), checkpointing every 2 steps, under `root`."""
+    """The reduced study cut to one experiment (single, ddp), checkpointing every 2 steps, under `root`
+    (the model and tokens beside it, shared by the studies of one test)."""
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
-    config.update(results_dir=str(root / "results"), resources_dir=str(root / "resources"), allow_outside_project=True,
+    config.update(results_dir=str(root / "results"), resources_dir=str(root.parent / "resources"), allow_outside_project=True,
                   experiments={"data_parallel": {"strategies": ["single", "ddp"]}})
     config["defaults"]["training"].update(checkpoint_every=EVERY, fault_injection=fault)
     path = root / "config.yaml"
@@ -248,7 +251,7 @@ def test_an_interrupted_workflow_rerun_resumes_and_rebuilds_the_same_tables(tmp_
     assert not run_processes(str(config.parent))
 
     started = time.monotonic()
-    rerun = _snakemake(config)
+    rerun = _snakemake(config, "--omit-from", "render_report")  # the tables are compared, not the report
     log = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0, log[-3000:]
     assert (results / "runs" / "single" / "summary.json").read_text() == single  # not redone

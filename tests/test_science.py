@@ -20,7 +20,7 @@ from shardlab.science import domains, measures
 from shardlab.science import evaluate as ev
 from shardlab.science.language_model import LanguageModel
 from shardlab.science.formats import BIOLOGY, CHEMISTRY, FORMATS, MATERIALS, parse_conditional
-from shardlab.core.splits import PARTS, part_of, rows_of_part, write_splits
+from shardlab.core.splits import PARTS, part_of, write_splits
 from shardlab.tables import TableInputs
 from shardlab.tables.science import build, time_to_target
 

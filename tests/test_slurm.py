@@ -60,6 +60,11 @@ def test_reduced_dag_through_the_slurm_profile_with_a_two_node_run(slurm_cluster
     config = tmp_path / "slurm-test.yaml"
     config.write_text(yaml.safe_dump(dict(two_node_config(), results_dir=str(results),
                                           resources_dir=str(tmp_path / "resources"), allow_outside_project=True)))
+    # The model and tokens first, locally: each job chained behind another costs the Slurm executor's
+    # status-check back-off (5 s, then 15 s more), which would be most of this test.
+    prepared = subprocess.run(["snakemake", "--cores", "2", "--nolock", "--configfile", str(config), "--until",
+                               "prepare_data"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert prepared.returncode == 0, (prepared.stdout + prepared.stderr)[-3000:]
     started = time.monotonic()
     # timeout -k: the Slurm executor ignores SIGTERM while it waits for jobs, so KILL follows
     proc = subprocess.run(["timeout", "-k", "10", "900", "snakemake", "--profile", "slurm", "--configfile", str(config),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import TEST_EXPERIMENT, assert_losses_match, assert_within, launch_test_run
+from helpers import TEST_EXPERIMENT, assert_losses_match, assert_within
 
 from shardlab.costs.activations import (COMPONENTS, SPLITS, component_of, comparison_rows, korthikanti_per_layer,
                                        korthikanti_total, paper_mode, this_model_per_layer)
@@ -29,13 +29,9 @@ WORKER = Path(__file__).parent / "workers" / "tp_parity.py"
 
 
 @pytest.fixture(scope="module")
-def tp_runs(tiny_assets, tmp_path_factory):
+def tp_runs(run_once):
     """One real 2-rank launch per strategy (plus the single-device reference), shared by the tests."""
-    tmp = tmp_path_factory.mktemp("tp_runs")
-    runs = {}
-    for strategy in ["single", *TP_STRATEGIES]:
-        runs[strategy] = launch_test_run(tiny_assets, tmp, strategy)
-    return runs
+    return {strategy: run_once(strategy) for strategy in ["single", *TP_STRATEGIES]}
 
 
 @pytest.fixture(scope="module", params=[2, 4])

@@ -22,24 +22,17 @@ FSDP2 = ["fsdp2_full", "fsdp2_grad_op"]
 MEMORY_TOL = 0.01  # target: model states within 1 % of the memory model
 
 
-@pytest.fixture(scope="module")
-def ladder_runs(tiny_assets, tmp_path_factory):
-    """Every rung run once (2 ranks); the runs are shared by the tests below. save_model is on for the
-    sharded rungs so their gathered weights can be compared."""
-    from shardlab.runner.launch import launch
+SAVED = {"training": {"save_model": True}}  # the sharded rungs whose gathered weights are compared, and zero0
 
-    model_dir, tokens = tiny_assets
-    tmp = tmp_path_factory.mktemp("zero")
+
+@pytest.fixture(scope="module")
+def ladder_runs(run_once):
+    """Every rung run once (2 ranks): (summary, steps, run folder), shared by the tests below and, for
+    the rungs not saving their model, with the other tests reading the same healthy runs."""
     runs = {}
     for strategy in ZERO_RUNGS + FSDP2:
-        exp = copy.deepcopy(TEST_EXPERIMENT)
-        exp["training"]["save_model"] = strategy in ("zero0", "zero3", "zero3_offload", "fsdp2_full")
-        exp_path = tmp / f"{strategy}.json"
-        exp_path.write_text(json.dumps(exp))
-        out = tmp / "runs" / strategy
-        summary = launch(exp, exp_path, strategy, model_dir, tokens, out)
-        steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
-        runs[strategy] = (summary, steps, out)
+        overrides = SAVED if strategy in ("zero0", "zero3", "zero3_offload", "fsdp2_full") else None
+        runs[strategy] = (*run_once(strategy, overrides), run_once.run_dir(strategy, overrides))
     return runs
 
 
@@ -201,7 +194,6 @@ def _exp(strategy: str, options: dict | None = None, training: dict | None = Non
     ("zero2", None, {"global_batch_size": 7}, "training.global_batch_size", "divisible"),
 ])
 def test_malformed_deepspeed_settings_are_rejected(strategy, options, training, field, message):
-    where = f"experiments.test.strategy_options.{strategy}"
     with pytest.raises(ConfigError, match=message) as err:
         REGISTRY[strategy].check(_exp(strategy, options, training), "experiments.test")
     assert err.value.field.endswith(field)

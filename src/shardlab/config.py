@@ -13,7 +13,6 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import yaml
