@@ -151,6 +151,8 @@ def test_the_report_reads_right_in_a_browser(reduced_study):
     assert facts["toc_links"] >= 5
     assert facts["chart_faults"] == [], facts["chart_faults"]  # bars, facets and labels a reader can see
     assert facts["unnumbered_charts"] == 0  # every chart a numbered figure with a caption
+    assert facts["prose_identifiers"] == []  # names set as code, never loose in the prose
+    assert facts["main_screens"] <= browser.SCREEN_BUDGET, facts["main_screens"]  # the rest is in the appendix
 
 
 @pytest.mark.skipif(browser.CHROMIUM is None, reason="no chromium on PATH")
@@ -158,9 +160,13 @@ def test_the_browser_check_can_fail(tmp_path):
     page = tmp_path / "bad.html"
     page.write_text('<html><body><script src="https://cdn.invalid/lib.js"></script><div id="chart-x"></div>'
                     '<table><tr><td>nan</td></tr></table><script>console.error("boom")</script>'
-                    "<p>| a | b |</p><p>|---|---|</p></body></html>")
+                    "<p>| a | b |</p><p>|---|---|</p><p>faster than dp_naive, as <code>ddp_twin</code></p>"
+                    f'<div style="height:{browser.SCREEN_BUDGET + 1}00vh"></div><h2>Appendix</h2>'
+                    '<div style="height:300vh"></div></body></html>')
     facts = browser.inspect(page, timeout_s=5)  # the chart never draws: waits this long
     assert facts["charts"] == 1 and facts["drawn"] == 0 and facts["unnumbered_charts"] == 1
+    assert facts["prose_identifiers"] == ["dp_naive"]  # the name in code is not prose
+    assert browser.SCREEN_BUDGET < facts["main_screens"] < facts["screens"] - 2  # the appendix is not counted
     assert any(u.startswith("https://cdn.invalid") for u in facts["requests"])
     assert any("boom" in e for e in facts["errors"])
     assert facts["nan_cells"] == 1 and facts["raw_tables"] == 1
@@ -362,9 +368,10 @@ def built_study_copy(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("edited, untouched", [
     ("costs/zero_tree.py", {"runs_tables", "pipeline_tables", "science_tables"}),  # the ZeRO decision tree
     ("tables/runs.py", {"science_tables"}),  # a module tables/verdicts.py imports
+    ("reporting/captions.py", {"runs_tables", "verdicts_tables", "science_tables"}),  # a module the report imports
 ])
 def test_editing_a_module_reruns_exactly_the_tables_that_import_it(built_study_copy, edited, untouched):
-    """Tables never go stale, and nothing else reruns: in a built copy of the reduced study, an edit to a
+    """Tables (and the report) never go stale, and nothing else reruns: in a built copy of the reduced study, an edit to a
     module schedules every rule whose code inputs hold it, and what reads their tables (down to the
     report); no run, no data preparation, and not the table rules that neither import it nor read what
     it changes. (Snakemake names the changed file as the reason only for a job with nothing rerun
@@ -373,7 +380,7 @@ def test_editing_a_module_reruns_exactly_the_tables_that_import_it(built_study_c
     assert "Nothing to be done" in _dry_run(root)
     importers = {rule for rule, code in _all_rule_inputs("code").items()
                  if isinstance(code, list) and edited in _relative(code)}
-    assert importers and all(rule.endswith("_tables") for rule in importers), importers
+    assert importers and all(rule.endswith("_tables") or rule == "render_report" for rule in importers), importers
 
     source = root / "src/shardlab" / edited
     text, before = source.read_text(), source.stat()
@@ -386,3 +393,39 @@ def test_editing_a_module_reruns_exactly_the_tables_that_import_it(built_study_c
     assert direct and direct <= importers, (direct, importers)
     assert {"render_report", *importers} <= jobs
     assert not jobs & {"run_strategy", "prepare_data", *untouched}, jobs
+
+
+def _only(experiment: str):
+    return lambda name, frame: frame[frame["experiment"] == experiment] if "experiment" in frame else frame
+
+
+# Studies the config check accepts that lack parts of the default one, made from the reduced study's tables
+# (the runs are the same; the report must say what each lacks instead of failing).
+REDUCED = {
+    "no science": lambda name, frame: None if name.startswith("science_") else frame,
+    "no planner scenarios": lambda name, frame: None if name.startswith("planning_") else frame,
+    "one family only": _only("tensor_parallel"),
+    # As the table rules write it without a single-device run: the predictions table empty, no reference rows.
+    "no single-device run": lambda name, frame: (frame.iloc[0:0] if name.startswith("run_prediction") else
+                                                 frame[frame["strategy"] != "single"] if "strategy" in frame else frame),
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("case", REDUCED)
+def test_the_report_renders_for_a_reduced_study(case, reduced_study, tmp_path):
+    from shardlab.reporting import render
+
+    tables = tmp_path / "results" / "tables"
+    tables.mkdir(parents=True)
+    for path in (reduced_study / "tables").glob("*.csv"):
+        frame = pd.read_csv(path) if path.stat().st_size else None
+        kept = REDUCED[case](path.stem, frame) if frame is not None else None
+        if kept is not None and len(kept):
+            kept.to_csv(tables / path.name, index=False)
+        elif kept is not None:  # a topic with no rows: an empty file, as its rule writes it
+            (tables / path.name).write_text("")
+    assert render.main(["--qmd", str(REPO / "reports" / "report.qmd"), "--out-dir", str(tmp_path / "results" / "report")]) == 0
+    html = (tmp_path / "results" / "report" / "report.html").read_text()
+    assert "Traceback" not in html and 'id="Abstract"' in html
+    assert "Not drawn: this study produced no data for it" in html  # the section that lacks its data says so

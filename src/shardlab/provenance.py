@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent
@@ -32,8 +33,12 @@ def _module_name(path: Path) -> str:
 def direct_imports(path: Path) -> frozenset[Path]:
     """The shardlab files `path` imports (a `from package import name` counts the submodule where there is one)."""
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    return frozenset(_imported(ast.parse(path.read_text()), package) - {path})
+
+
+def _imported(tree: ast.AST, package: str) -> set[Path]:
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -44,7 +49,7 @@ def direct_imports(path: Path) -> frozenset[Path]:
         else:
             continue
         found |= {p for p in map(module_path, names) if p is not None}
-    return frozenset(found - {path})
+    return found
 
 
 def sources(module: str) -> list[Path]:
@@ -52,8 +57,20 @@ def sources(module: str) -> list[Path]:
     start = module_path(module)
     if start is None:
         raise ValueError(f"{module!r} is not a shardlab module")
-    parents = [module_path(".".join(module.split(".")[:k])) for k in range(2, len(module.split(".")))]
-    todo, seen = [start, *filter(None, parents)], set()
+    return _closure([start])
+
+
+def page_sources(pages: list[Path]) -> list[Path]:
+    """What a report's pages (Quarto .qmd) execute: every shardlab module their Python chunks import, and theirs."""
+    chunks = [code for page in pages for code in re.findall(r"^```\{python\}\n(.*?)^```", Path(page).read_text(), re.S | re.M)]
+    return _closure([p for code in chunks for p in _imported(ast.parse(code), "shardlab")])
+
+
+def _closure(start: list[Path]) -> list[Path]:
+    """The files `start` executes: each, the packages above it (their __init__ runs on import) and what they import."""
+    parents = [PACKAGE.joinpath(*path.relative_to(PACKAGE).parts[:k], "__init__.py")
+               for path in start for k in range(1, len(path.relative_to(PACKAGE).parts))]
+    todo, seen = [*start, *(p for p in parents if p.is_file())], set()
     while todo:
         path = todo.pop()
         if path not in seen:

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SCREEN_BUDGET = 15  # screens of 1400 x 900 a reader reads before the appendix
 
 # Evaluated in the page once it has loaded: what the checks need, as one JSON-able object.
 PAGE_FACTS = """(() => {
@@ -36,9 +37,12 @@ PAGE_FACTS = """(() => {
     stderr_outputs: document.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
     toc_links: document.querySelectorAll('#TOC a').length,
     chart_faults: charts.flatMap(chartFaults),
-    unnumbered_charts: charts.filter(c => !/^Figure \\d+\\. \\S/.test(
+    unnumbered_charts: charts.filter(c => !/^Figure A?\\d+\\. \\S/.test(
       (c.closest('figure') || {querySelector: () => null}).querySelector('figcaption')?.textContent || '')).length,
     screens: document.documentElement.scrollHeight / window.innerHeight,
+    // the main body: everything above the appendix (the whole page if there is none)
+    main_screens: ([...document.querySelectorAll('h2')].find(h => h.textContent.startsWith('Appendix'))
+      ?.getBoundingClientRect().top + window.scrollY || document.documentElement.scrollHeight) / window.innerHeight,
     // code identifiers in the prose a reader reads (code elements and tables aside)
     prose_identifiers: [...new Set([...document.querySelectorAll('p, li, figcaption, summary, h1, h2, h3, h4')]
       .flatMap(el => {

@@ -7,7 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from shardlab.errors import ConfigError
-from shardlab.provenance import sources
+from shardlab.provenance import page_sources, sources
 from shardlab.strategies import SINGLE, launch_threads
 from shardlab.study import load_study, prepared_inputs, run_resources, run_sources
 
@@ -77,6 +77,12 @@ def repo_path(path):
 def sources_of(module):
     """The files a shardlab module (e.g. 'tables.verdicts') executes: itself and everything it imports."""
     return [str(p) for p in sources(f"shardlab.{module}")]
+
+
+def report_sources():
+    """The files the report executes: the renderer, and every shardlab module its pages import (with theirs)."""
+    pages = [f"{workflow.basedir}/reports/report.qmd", *glob.glob(f"{workflow.basedir}/reports/sections/*.qmd")]
+    return sorted(set(sources_of("reporting.render")) | {str(p) for p in page_sources(pages)})
 
 
 def job_threads(threads_used):

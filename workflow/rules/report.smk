@@ -7,7 +7,7 @@ rule render_report:
         tables=lambda w: REPORT_INPUTS,
         qmd=f"{workflow.basedir}/reports/report.qmd",
         sections=glob.glob(f"{workflow.basedir}/reports/sections/*.qmd"),
-        code=sources_of("reporting.render") + sources_of("reporting.charts"),
+        code=report_sources(),
     output:
         html=report(
             f"{RESULTS}/report/report.html",

@@ -17,6 +17,8 @@ RUNS_TABLES = table_files(
     "parity_rule",
     "environments",
     "experiments",
+    "strategies",
+    "mechanisms",
     *(["parity_sensitivity"] if SENSITIVITY else []),
 )
 

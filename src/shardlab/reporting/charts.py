@@ -6,6 +6,7 @@ import html
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import altair as alt
@@ -50,17 +51,54 @@ def setup() -> None:
     alt.renderers.enable("shardlab_offline")
     alt.theme.register("shardlab", enable=True)(_theme)
     alt.data_transformers.disable_max_rows()
+    from IPython import get_ipython
+    from IPython.display import HTML, display
+
+    display(HTML(STYLE))
+    if shell := get_ipython():  # pointers gathered in a cell are shown as one line at its end
+        shell.events.register("post_execute", _show_pointers)
+        _pointers_deferred[0] = True
+
+
+# Pointers to the appendix and folded method notes: one tight line each, so the main body stays short.
+STYLE = ("<style>.shardlab-appendix-ref{margin:0.1em 0;font-size:0.85em;color:#555}"
+         "details.shardlab-method{margin:0.3em 0;font-size:0.9em}"
+         "details.shardlab-method>summary{cursor:pointer;color:#555}</style>")
+
+
+# Vega's tableau20, written out: a strategy's colour is picked by its place in the registry.
+PALETTE = ("#4c78a8", "#9ecae9", "#f58518", "#ffbf79", "#54a24b", "#88d27a", "#b79a20", "#f2cf5b", "#439894",
+           "#83bcb6", "#e45756", "#ff9d98", "#79706e", "#bab0ac", "#d67195", "#fcbfd2", "#b279a2", "#d6a5c9",
+           "#9e765f", "#d8b5a5")
+
+
+def strategy_colors(order: Iterable[str]):
+    """`color(frame, field)`: the colour of each strategy, the same in every chart: its place in `order` (the
+    registry's, from the strategies table) picks it, names not in it (such as composed runs named by their
+    plan) follow in sorted order; the legend lists only the strategies a chart draws."""
+    order = list(order)
+
+    def color(frame, field: str = "strategy") -> alt.Color:
+        drawn = set(frame[field].dropna())
+        domain = order + sorted(drawn - set(order))
+        colours = [PALETTE[i % len(PALETTE)] for i in range(len(domain))]
+        return alt.Color(f"{field}:N", scale=alt.Scale(domain=domain, range=colours),
+                         legend=alt.Legend(values=[name for name in domain if name in drawn]))
+
+    return color
 
 
 class Figure:
-    """A chart as a numbered figure: the chart, then "Figure N." and its caption (by default the
-    chart's title), as one HTML figure element the report and its browser test can count."""
+    """A chart as a numbered figure: the chart, then "Figure N." (or "Figure AN." in the appendix) and
+    its caption (by default the chart's title), as one HTML figure element the report and its browser
+    test can count."""
 
     count = 0
 
-    def __init__(self, chart: alt.TopLevelMixin, caption: str | None):
-        Figure.count += 1
-        self.chart, self.number = chart, Figure.count
+    def __init__(self, chart: alt.TopLevelMixin, caption: str | None, label: str | None = None):
+        if label is None:
+            Figure.count += 1
+        self.chart, self.label = chart, label or str(Figure.count)
         self.caption = caption or _title(chart.to_dict())
 
     def _repr_mimebundle_(self, include=None, exclude=None):
@@ -68,8 +106,8 @@ class Figure:
         data = bundle[0] if isinstance(bundle, tuple) else bundle
         # Names of runs, experiments and metrics (snake_case) read as names: set as code.
         caption = IDENTIFIER.sub(r"<code>\g<0></code>", html.escape(str(self.caption)))
-        return {"text/html": f'<figure class="shardlab-figure" id="figure-{self.number}">{data["text/html"]}'
-                             f"<figcaption><b>Figure {self.number}.</b> {caption}</figcaption></figure>"}
+        return {"text/html": f'<figure class="shardlab-figure" id="figure-{self.label.lower()}">{data["text/html"]}'
+                             f"<figcaption><b>Figure {self.label}.</b> {caption}</figcaption></figure>"}
 
 
 def _title(spec: dict) -> str:
@@ -83,27 +121,110 @@ def _title(spec: dict) -> str:
     return next((p for p in parts if p), "") if "layer" in spec else "; ".join(p for p in parts if p)
 
 
-def save_chart(chart: alt.TopLevelMixin, name: str, caption: str | None = None) -> Figure:
+def save_chart(chart: alt.TopLevelMixin, name: str, caption: str | None = None, appendix: bool = False) -> Figure | None:
     """Write figures/<name>.png and .svg (vl-convert, offline) and return the chart as the report's
-    next numbered figure; `caption` leads with what the figure shows (default: the chart's title)."""
+    next numbered figure; `caption` leads with what the figure shows (default: the chart's title).
+    With `appendix`, the figure is set aside for the appendix (show_appendix) and the text gets one
+    line pointing to it; nothing is returned to display."""
     FIGURES.mkdir(exist_ok=True)
     chart.save(str(FIGURES / f"{name}.svg"))
     chart.save(str(FIGURES / f"{name}.png"))  # scale 2 costs ~0.8 s per chart, scale 1 ~0.1 s
-    return Figure(chart, caption)
+    if not appendix:
+        return Figure(chart, caption)
+    figure = Figure(chart, caption, label=f"A{sum(isinstance(e, Figure) for e in _appendix) + 1}")
+    _appendix.append(figure)
+    _point_to(f"Figure {figure.label}", f"figure-{figure.label.lower()}", _first_sentence(figure.caption))
+    return None
+
+
+def _first_sentence(text: str) -> str:
+    return re.split(r"(?<=[.:;])\s", str(text), maxsplit=1)[0].rstrip(".:;")
+
+
+_pointers: list[str] = []  # what the running cell set aside, shown as one line when it ends
+_pointers_deferred = [False]  # True once setup() has hooked the end of each cell
+
+
+def _point_to(name: str, anchor: str, what: str) -> None:
+    """Note something set aside in the appendix; a cell's notes become one line of text (_show_pointers)."""
+    what = IDENTIFIER.sub(r"<code>\g<0></code>", html.escape(what))
+    _pointers.append(f'<a href="#{anchor}">{name}</a>: {what}')
+    if not _pointers_deferred[0]:  # outside a notebook (a script, a test): at once
+        _show_pointers()
+
+
+def _show_pointers() -> None:
+    """One line for everything the cell set aside: "In the appendix: Table A2: …; Figure A1: …"."""
+    from IPython.display import HTML, display
+
+    if _pointers:
+        display(HTML(f'<p class="shardlab-appendix-ref">In the appendix, {"; ".join(_pointers)}.</p>'))
+        _pointers.clear()
 
 
 COLLAPSE_ROWS = 12  # a longer table is folded: the reader opens it when wanted, the page stays short
+_appendix: list = []  # set aside for the appendix, in order: a Figure, or a table as (number, title, rows, HTML)
 
 
-def show_table(frame, floatfmt: str = ".4g") -> None:
+def _table_html(frame, floatfmt: str) -> str:
+    return frame.to_html(index=False, na_rep="–", border=0, float_format=lambda v: format(v, floatfmt),
+                         classes="shardlab-table")
+
+
+def show_table(frame, floatfmt: str = ".4g", appendix: str | None = None) -> None:
     """A table in the rendered report (column names must not contain '|'); a missing value shows as a
-    dash, never as "nan". A table longer than COLLAPSE_ROWS is folded under a line giving its size."""
+    dash, never as "nan". A table longer than COLLAPSE_ROWS is folded under a line giving its size.
+    With `appendix` (its title, in plain words) the table is set aside for the report's appendix
+    (show_appendix) and the text gets one line pointing to it: the main body stays short."""
     from IPython.display import HTML, Markdown, display
 
+    if appendix:
+        number = sum(not isinstance(e, Figure) for e in _appendix) + 1
+        _appendix.append((number, appendix, len(frame), _table_html(frame, floatfmt)))
+        _point_to(f"Table A{number}", f"table-a{number}", appendix)
+        return
     if len(frame) > COLLAPSE_ROWS:
-        body = frame.to_html(index=False, na_rep="–", border=0,
-                             float_format=lambda v: format(v, floatfmt), classes="shardlab-table")
-        display(HTML(f"<details><summary>Table: {len(frame)} rows</summary>{body}</details>"))
+        display(HTML(f"<details><summary>Table: {len(frame)} rows</summary>{_table_html(frame, floatfmt)}</details>"))
         return
     shown = frame.astype(object).where(frame.notna(), None)
     display(Markdown(shown.to_markdown(index=False, floatfmt=floatfmt, missingval="–")))
+
+
+def show_appendix() -> None:
+    """Everything set aside by show_table(..., appendix=...) and save_chart(..., appendix=True), in the
+    order the text pointed to it: figures drawn, tables folded."""
+    from IPython.display import HTML, Markdown, display
+
+    if not _appendix:
+        display(Markdown("Nothing was set aside."))
+    for entry in _appendix:
+        if isinstance(entry, Figure):
+            display(entry)
+        else:
+            n, title, rows, body = entry
+            display(HTML(f'<details id="table-a{n}"><summary>Table A{n}. {html.escape(title)} ({rows} rows)</summary>'
+                         f"{body}</details>"))
+
+
+def show_method(text: str, summary: str = "How this is measured") -> None:
+    """Method notes (markdown) folded under one line beside the result they explain: the main body
+    stays short and the detail stays where a reader looks for it."""
+    from IPython.display import HTML, display
+    from markdown_it import MarkdownIt  # jupytext's markdown parser
+
+    display(HTML(f'<details class="shardlab-method"><summary>{html.escape(summary)}</summary>'
+                 f"{MarkdownIt().render(names_as_code(text))}</details>"))
+
+
+def names_as_code(text: str) -> str:
+    """Markdown with every snake_case name (a run, an experiment, a metric) outside code spans set as
+    code, so that prose reads as prose and names as names."""
+    parts = re.split(r"(`+[^`]*`+)", str(text))  # odd parts are code spans already
+    return "".join(part if i % 2 else IDENTIFIER.sub(r"`\g<0>`", part) for i, part in enumerate(parts))
+
+
+def prose(text: str):
+    """The report's computed markdown (IPython's Markdown after names_as_code)."""
+    from IPython.display import Markdown
+
+    return Markdown(names_as_code(text))

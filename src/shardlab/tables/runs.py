@@ -25,6 +25,7 @@ from shardlab.core.step_stats import timed_steps
 from shardlab.costs.predict import rank_states
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
+from shardlab.tables.mechanisms import mechanisms, strategies
 from shardlab.tables.parity import parity_rows, rule_rows, sensitivity_rows
 
 RUN_KEYS = ("experiment", "strategy", "status")
@@ -139,6 +140,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         tables["parity_sensitivity"] = sensitivity_rows(inputs.tables["parity_sensitivity_losses"], inputs.experiments)
     tables["environments"] = environments(tables["runs"])
     tables["experiments"] = experiments(tables["runs"])
+    tables["strategies"], tables["mechanisms"] = strategies(), mechanisms(inputs)
     ok = int((tables["runs"]["status"] == "ok").sum()) if len(runs) else 0
     print(f"aggregated {len(runs)} runs ({ok} ok, {len(runs) - ok} failed/oom)")
     return tables

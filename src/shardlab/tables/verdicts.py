@@ -118,7 +118,7 @@ def growth_row(speed: list[dict], runs: pd.DataFrame) -> dict:
                    key=lambda pair: pair[0])
     if len({s for s, _ in sized}) < 2:
         return _row("1c", statement, None, "ratio 1a vs model size", None, UNDECIDED,
-                    "needs the 1a comparison on at least two model sizes (the runpod study runs Pythia-160m and 1B)")
+                    "needs the 1a comparison on at least two model sizes (the multi-GPU pod study runs Pythia-160m and 1B)")
     (small, a), (large, b) = sized[0], sized[-1]
     verdict = SUPPORTED if b["ratio_low"] > a["ratio_high"] else CONTRADICTED if b["ratio_high"] < a["ratio_low"] else UNDECIDED
     evidence = (f"{a['ratio']:.2f} ({a['ratio_low']:.2f}-{a['ratio_high']:.2f}) at {small:,.0f} parameters, "

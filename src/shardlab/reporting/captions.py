@@ -1,0 +1,155 @@
+"""Captions of the report's main figures, computed from the tables they draw: the first sentence is the
+conclusion, so it changes when the data do (tests/test_captions.py alters a table to show it)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def _truthy(column: pd.Series) -> pd.Series:
+    """A boolean column as read back from a CSV (True/False, or their strings)."""
+    return column.astype(str).str.lower().eq("true")
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+def parity(parity_runs: pd.DataFrame) -> str:
+    """parity.csv rows with a deviation and a tolerance, plus a `run` label."""
+    within = _truthy(parity_runs["within_tolerance"])
+    outside = parity_runs.loc[~within, "run"]
+    return (f"{int(within.sum())} of {len(parity_runs)} parallel runs reproduce their single-device reference's losses "
+            "within the tolerance" + ("." if outside.empty else ": " + ", ".join(outside) + " do not.")
+            + " Each run's largest loss deviation (point) against its tolerance (tick), log scale.")
+
+
+def pipeline_bubble(judged: pd.DataFrame) -> str:
+    """One row per pipeline run (its bottleneck rank) with `idle_error`, `idle_tolerance`, `follows_theory`."""
+    held = _truthy(judged["follows_theory"])
+    off = judged[~held]
+    return (f"{int(held.sum())} of {len(judged)} pipeline runs keep their bottleneck stage's idle share within "
+            f"±{judged['idle_tolerance'].iloc[0]:.2f} of the bubble theory (p−1)/(v·m + p−1)"
+            + ("." if off.empty else "; off by most: " + ", ".join(
+                f"{r.strategy} at m={r.n_microbatches:.0f} ({r.idle_error:+.2f})"
+                for r in off.sort_values("idle_error", key=abs, ascending=False).head(3).itertuples()) + ".")
+            + " Filled marks: each run's bottleneck rank; line: the theory.")
+
+
+def dp_blocking(steps: pd.DataFrame) -> str:
+    """dp_comm_steps.csv: the median time a step blocks in gradient communication, per strategy."""
+    timed = steps[_truthy(steps["timed"])]
+    medians = timed.groupby("strategy")["comm_time_s"].median().sort_values()
+    if medians.empty:
+        return "No data-parallel run timed its gradient communication."
+    parts = [f"{name} {seconds * 1e3:.2g} ms" for name, seconds in medians.items()]
+    lead = (f"{medians.index[0]} blocks least on gradient communication per step" if len(medians) > 1 else
+            f"{medians.index[0]} blocks on gradient communication")
+    return f"{lead} (median over timed steps: {', '.join(parts)}). Boxes: timed steps; crosses: warm-up steps."
+
+
+def science_gains(paired: pd.DataFrame) -> str:
+    """Per metric (`label`) and strategy: whether the paired interval against the baseline excludes zero."""
+    beats = paired.groupby("label")["beats_baseline"].agg(lambda b: _truthy(b).all())
+    return (f"The model beats its baseline beyond noise on {int(beats.sum())} of {len(beats)} metrics"
+            + (f" ({', '.join(beats.index[beats])})" if beats.any() else "")
+            + "; a paired interval that crosses zero decides nothing.")
+
+
+def host_offload(rungs: pd.DataFrame) -> str:
+    """zero_memory.csv rows of finished rungs: measured device and host bytes per rank."""
+    host = rungs["measured_host_bytes"] / (rungs["measured_host_bytes"] + rungs["measured_device_bytes"])
+    offloading = rungs.assign(share=host.fillna(0))[host.fillna(0) > 0]
+    return ("; ".join(f"{r.strategy} keeps {r.share:.0%} of its model states in host memory ({r.experiment})"
+                      for r in offloading.itertuples()) or "No rung keeps model states in host memory"
+            ) + "; every other rung keeps them all on the device."
+
+
+def tp_memory(memory: pd.DataFrame, categories: dict[str, str]) -> str:
+    """tp_memory_categories.csv of the TP experiment: per run, bytes per rank by category (columns renamed to
+    `categories`' values). Which categories each tensor-parallel run holds less of than the reference."""
+    reference = memory[memory["strategy"] == "single"]
+    tp = memory[memory["family"] == "tensor parallel"]
+    if reference.empty or tp.empty:
+        return "Memory per rank by category (mean over ranks)."
+    base = reference.iloc[0]
+    groups: dict[tuple, list[str]] = {}
+    for _, row in tp.iterrows():  # category names have spaces: rows by label, not attribute
+        cut = tuple(name for name in categories.values() if row[name] < base[name])
+        groups.setdefault(cut, []).append(row["strategy"])
+    parts = [f"{_listed(runs)} {'holds' if len(runs) == 1 else 'hold'} less than one device in "
+             + ("no category" if not cut else f"all {len(cut)} categories" if len(cut) == len(categories)
+                else f"{len(cut)} of {len(categories)} categories ({', '.join(cut)})")
+             for cut, runs in groups.items()]
+    return "; ".join(parts) + ". Bytes per rank by category, mean over ranks, beside runs of other experiments."
+
+
+def cp_activations(ratios: pd.DataFrame) -> str:
+    """cp_activation_ratio.csv: each context-parallel run's activation bytes per rank over its reference's."""
+    parts = [f"{r.strategy} at {r.seq_len:.0f} tokens holds {r.activation_ratio:.2f}× the reference's activations per "
+             f"rank (1/c = {r.expected_ratio:.2f})" for r in ratios.itertuples()]
+    return ("; ".join(parts) or "No context-parallel run finished") + "."
+
+
+def comm_share(shares: pd.DataFrame) -> str:
+    """comm_share.csv rows of multi-process runs: the share of the median step spent communicating."""
+    if shares.empty:
+        return "No multi-process run to compare."
+    ranked = shares.sort_values("comm_share", ascending=False)
+    top, low = ranked.iloc[0], ranked.iloc[-1]
+    return (f"Communication takes from {low['comm_share']:.0%} ({low['strategy']}) to {top['comm_share']:.0%} "
+            f"({top['strategy']}) of a step here. Bars: measured where a strategy times its waits, else predicted; "
+            "ticks: the α-β prediction.")
+
+
+def mechanisms(held: pd.DataFrame, split_below: float = 0.95) -> str:
+    """mechanisms.csv: per family (its `strategy`), rank and category, the share of the single-device amount
+    a rank holds. A family splits a category where every rank holds less than `split_below` of it."""
+    named = held.assign(family=held["family"] + " (" + held["strategy"] + ")")
+    categories = list(dict.fromkeys(named["category"]))
+    most = named.groupby(["family", "category"], sort=False)["share"].max()
+    splits = {family: tuple(c for c in categories if most.get((family, c), 1.0) < split_below)
+              for family in dict.fromkeys(named["family"])}
+    groups: dict[tuple, list[str]] = {}
+    for family, split in splits.items():
+        groups.setdefault(split, []).append(family)
+
+    def what(split: tuple) -> str:
+        return ("nothing" if not split else f"all {len(split)} categories" if len(split) == len(categories)
+                else "only the " + _listed(list(split)))
+
+    parts = [f"{_listed(families)} split{'s' * (len(families) == 1)} {what(split)}"
+             for split, families in sorted(groups.items(), key=lambda g: -len(g[0]))]
+    text = "; ".join(parts)
+    return (text[0].upper() + text[1:] + ". Each cell: the share of the single-device amount one rank holds, from the "
+            "cost model on the run's layout (each family's most sharded run in this study).")
+
+
+def zero_tradeoff(rungs: pd.DataFrame) -> str:
+    """zero_memory.csv rows of finished rungs on rank 0 (experiments with two or more): per experiment, the
+    rung holding least on the device against the fastest one."""
+    parts = []
+    for experiment, rows in rungs.groupby("experiment", sort=False):
+        least, fastest = rows.loc[rows["measured_device_bytes"].idxmin()], rows.loc[rows["tokens_per_s"].idxmax()]
+        saved = 1 - least["measured_device_bytes"] / fastest["measured_device_bytes"]
+        parts.append(f"{least['strategy']} is the fastest rung and holds least on the device ({experiment})"
+                     if least["strategy"] == fastest["strategy"] else
+                     f"{least['strategy']} holds {saved:.0%} less on the device than the fastest rung, "
+                     f"{fastest['strategy']}, at {least['tokens_per_s'] / fastest['tokens_per_s']:.2f}× its "
+                     f"throughput ({experiment})")
+    return "; ".join(parts) + ". One point per rung: model states on the device per rank against tokens per second."
+
+
+def planner_runs(runs: pd.DataFrame) -> str:
+    """run_predictions.csv: the planner's error per quantity on this study's runs (calibration runs left out
+    of the step time)."""
+    checked = runs[~_truthy(runs["is_calibration_run"])]
+    errors = {"model states": runs["model_states_error_pct"], "activations": runs["activations_error_pct"],
+              "step time": checked["step_time_error_pct"]}
+    median = {name: e.abs().median() for name, e in errors.items() if e.notna().any()}
+    if not median:
+        return "No run has a prediction to compare."
+    best, worst = min(median, key=median.get), max(median, key=median.get)
+    return (f"The planner predicts {best} best (median error {median[best]:.2g} %) and {worst} worst "
+            f"({median[worst]:.2g} %). Predicted against measured per run, log scales; the diagonal is a perfect "
+            "prediction.")

@@ -1,0 +1,97 @@
+"""The report's main-figure captions follow their tables: altering a row changes the conclusion."""
+
+import pandas as pd
+
+from shardlab.reporting import captions
+
+
+def test_the_parity_caption_names_a_run_that_leaves_the_tolerance():
+    runs = pd.DataFrame({"run": ["dp · ddp", "tp · tp_sp"], "within_tolerance": [True, True]})
+    assert captions.parity(runs).startswith("2 of 2 parallel runs reproduce")
+    runs["within_tolerance"] = [True, "False"]  # as a CSV may read back
+    assert captions.parity(runs).startswith("1 of 2 parallel runs reproduce their single-device reference's losses "
+                                            "within the tolerance: tp · tp_sp do not.")
+
+
+def test_the_bubble_caption_counts_runs_within_the_theory_and_names_the_worst():
+    judged = pd.DataFrame({"strategy": ["pp_gpipe", "pp_1f1b"], "n_microbatches": [4, 4], "idle_error": [0.02, 0.05],
+                           "idle_tolerance": [0.1, 0.1], "follows_theory": [True, True]})
+    assert captions.pipeline_bubble(judged).startswith("2 of 2 pipeline runs keep")
+    judged.loc[1, ["idle_error", "follows_theory"]] = [0.31, False]
+    assert "1 of 2 pipeline runs" in captions.pipeline_bubble(judged)
+    assert "off by most: pp_1f1b at m=4 (+0.31)" in captions.pipeline_bubble(judged)
+
+
+def test_the_data_parallel_caption_leads_with_the_strategy_that_blocks_least():
+    steps = pd.DataFrame({"strategy": ["dp_naive"] * 3 + ["dp_interleaved"] * 3, "timed": [False, True, True] * 2,
+                          "comm_time_s": [0.5, 0.004, 0.006, 0.5, 0.001, 0.002]})
+    assert captions.dp_blocking(steps).startswith("dp_interleaved blocks least")
+    steps.loc[steps["strategy"] == "dp_interleaved", "comm_time_s"] = 0.009
+    assert captions.dp_blocking(steps).startswith("dp_naive blocks least")
+
+
+def test_the_science_caption_counts_metrics_beaten_beyond_noise():
+    paired = pd.DataFrame({"label": ["accuracy", "accuracy", "MAE"], "beats_baseline": [True, True, "False"]})
+    assert captions.science_gains(paired).startswith("The model beats its baseline beyond noise on 1 of 2 metrics "
+                                                     "(accuracy)")
+    paired.loc[1, "beats_baseline"] = False  # one strategy that does not: the metric is not won
+    assert captions.science_gains(paired).startswith("The model beats its baseline beyond noise on 0 of 2 metrics;")
+
+
+def test_the_offload_caption_says_which_rung_keeps_states_on_the_host():
+    rungs = pd.DataFrame({"experiment": ["zero"] * 2, "strategy": ["zero3", "zero3_offload"],
+                          "measured_device_bytes": [100, 0], "measured_host_bytes": [0, 300]})
+    assert captions.host_offload(rungs).startswith("zero3_offload keeps 100% of its model states in host memory")
+    rungs.loc[1, ["measured_device_bytes", "measured_host_bytes"]] = [100, 0]
+    assert captions.host_offload(rungs).startswith("No rung keeps model states in host memory")
+
+
+def test_the_tp_memory_caption_lists_the_categories_tp_holds_less_of():
+    categories = {"param_bytes": "parameters", "activation_bytes": "activations"}
+    memory = pd.DataFrame({"strategy": ["single", "tp"], "family": ["baseline", "tensor parallel"],
+                           "parameters": [100, 55], "activations": [80, 40]})
+    assert captions.tp_memory(memory, categories).startswith("tp holds less than one device in all 2 categories")
+    memory.loc[1, "activations"] = 90
+    assert captions.tp_memory(memory, categories).startswith("tp holds less than one device in 1 of 2 categories "
+                                                             "(parameters)")
+
+
+def test_the_context_caption_gives_each_run_its_ratio_against_one_over_c():
+    ratios = pd.DataFrame({"strategy": ["cp_ring"], "seq_len": [32], "activation_ratio": [0.45], "expected_ratio": [0.5]})
+    assert captions.cp_activations(ratios) == "cp_ring at 32 tokens holds 0.45× the reference's activations per rank (1/c = 0.50)."
+    assert captions.cp_activations(ratios.assign(activation_ratio=0.9)).startswith("cp_ring at 32 tokens holds 0.90×")
+
+
+def test_the_communication_caption_spans_the_least_and_most_communicating_runs():
+    shares = pd.DataFrame({"strategy": ["ddp", "tp"], "comm_share": [0.1, 0.6]})
+    assert captions.comm_share(shares).startswith("Communication takes from 10% (ddp) to 60% (tp) of a step")
+    assert captions.comm_share(shares.assign(comm_share=[0.7, 0.6])).startswith("Communication takes from 60% (tp) to 70% (ddp)")
+
+
+def test_the_mechanism_caption_groups_the_families_by_what_they_split():
+    held = pd.DataFrame([{"family": f, "strategy": name, "rank": r, "category": c, "share": s}
+                         for f, name, shares in (("data parallel", "ddp", (1, 1, 0.5)), ("zero", "zero3", (0.5, 0.5, 0.5)),
+                                                 ("context parallel", "cp_ring", (1, 1, 0.45)))
+                         for r in (0, 1) for c, s in zip(("parameters", "optimizer state", "activations"), shares)])
+    assert captions.mechanisms(held).startswith("Zero (zero3) splits all 3 categories; data parallel (ddp) and context "
+                                                "parallel (cp_ring) split only the activations.")
+    held.loc[(held["family"] == "zero") & (held["category"] == "parameters"), "share"] = 1.0  # as ZeRO-2 would
+    assert captions.mechanisms(held).startswith("Zero (zero3) splits only the optimizer state and activations;")
+
+
+def test_the_zero_caption_weighs_the_memory_saved_against_the_throughput_lost():
+    rungs = pd.DataFrame({"experiment": ["zero"] * 2, "strategy": ["zero0", "zero3"],
+                          "measured_device_bytes": [4e6, 1e6], "tokens_per_s": [100.0, 50.0]})
+    assert captions.zero_tradeoff(rungs).startswith("zero3 holds 75% less on the device than the fastest rung, zero0, "
+                                                    "at 0.50× its throughput (zero)")
+    rungs.loc[1, "tokens_per_s"] = 120.0
+    assert captions.zero_tradeoff(rungs).startswith("zero3 is the fastest rung and holds least on the device (zero)")
+
+
+def test_the_planner_caption_names_the_quantity_it_predicts_worst():
+    runs = pd.DataFrame({"model_states_error_pct": [0.01, -0.02], "activations_error_pct": [1.0, -3.0],
+                         "step_time_error_pct": [400.0, 20.0], "is_calibration_run": [True, False]})
+    assert captions.planner_runs(runs).startswith("The planner predicts model states best (median error 0.015 %) and "
+                                                  "step time worst (20 %)")
+    runs["activations_error_pct"] = [50.0, 60.0]
+    assert "and activations worst (55 %)" in captions.planner_runs(runs)
