@@ -82,8 +82,8 @@ def test_the_mechanism_caption_groups_the_families_by_what_they_split():
 def test_the_zero_caption_weighs_the_memory_saved_against_the_throughput_lost():
     rungs = pd.DataFrame({"experiment": ["zero"] * 2, "strategy": ["zero0", "zero3"],
                           "measured_device_bytes": [4e6, 1e6], "tokens_per_s": [100.0, 50.0]})
-    assert captions.zero_tradeoff(rungs).startswith("zero3 holds 75% less on the device than the fastest rung, zero0, "
-                                                    "at 0.50× its throughput (zero)")
+    assert captions.zero_tradeoff(rungs).startswith("zero3 holds 0.95 MiB of model states on the device, 75% less than "
+                                                    "the fastest rung, zero0, at 0.50× its throughput (zero)")
     rungs.loc[1, "tokens_per_s"] = 120.0
     assert captions.zero_tradeoff(rungs).startswith("zero3 is the fastest rung and holds least on the device (zero)")
 
@@ -95,3 +95,24 @@ def test_the_planner_caption_names_the_quantity_it_predicts_worst():
                                                   "step time worst (20 %)")
     runs["activations_error_pct"] = [50.0, 60.0]
     assert "and activations worst (55 %)" in captions.planner_runs(runs)
+
+
+def test_each_tp_run_is_compared_with_the_single_device_of_its_own_experiment():
+    categories = {"param_bytes": "parameters"}
+    memory = pd.DataFrame({"tp_experiment": ["a", "a", "b", "b"], "strategy": ["single", "tp", "single", "tp"],
+                           "run": ["single (a)", "tp (a)", "single (b)", "tp (b)"],
+                           "family": ["baseline", "tensor parallel"] * 2, "parameters": [100, 55, 40, 30]})
+    assert captions.tp_memory(memory, categories).startswith("tp (a) and tp (b) hold less than one device in all 1")
+    memory.loc[3, "parameters"] = 50  # less than a's single device, more than its own
+    assert captions.tp_memory(memory, categories).startswith("tp (a) holds less than one device in all 1 categories; "
+                                                             "tp (b) holds less than one device in no category")
+
+
+def test_the_composed_caption_says_which_goal_the_cost_model_misses():
+    worst = pd.DataFrame({"quantity": ["model states", "activations"], "worst_abs_error_pct": [0.01, 4.7],
+                          "goal_pct": [1.0, 10.0], "meets_goal": [True, True]})
+    assert captions.composed_memory(worst).startswith("The cost model predicts every rank of every composed run "
+                                                      "within its goals: worst errors model states 0.01 % (goal 1 %)")
+    worst = worst.astype({"meets_goal": object})
+    worst.loc[1, ["worst_abs_error_pct", "meets_goal"]] = [14.0, "False"]  # as a CSV may read back
+    assert captions.composed_memory(worst).startswith("The cost model misses its goal for activations:")

@@ -45,3 +45,25 @@ def test_the_most_sharded_run_of_a_family_is_drawn_and_noise_runs_are_not(study)
 def test_the_strategies_table_is_the_registry_in_order():
     table = strategies()
     assert list(table["strategy"]) == list(REGISTRY) and table["order"].is_monotonic_increasing
+
+
+def test_a_composed_plan_splits_over_each_of_its_axes():
+    """dp2 × tp2 × pp2 of the default study: replicas over dp, a quarter of the states per rank (tp halves a
+    stage's half), the same share on both dp replicas."""
+    study = load_study_file(REPO / "config/config.yaml", REPO).experiments
+    held = _held(study, ("composed", "composed_dp2_tp2_pp2", 8))
+    assert len(held) == 8 * 4
+    params = held.xs("parameters", level="category")
+    assert params.to_numpy() == pytest.approx(0.25, abs=0.01)
+    table = mechanisms(TableInputs(summaries=[{"experiment": "composed", "strategy": "composed_dp2_tp2_pp2",
+                                               "status": "ok", "world_size": 8}], experiments=study))
+    by_place = table[table["category"] == "activations"].set_index("coordinates")["share"]
+    assert by_place["dp0 tp0 pp0"] == by_place["dp1 tp1 pp0"] > by_place["dp0 tp0 pp1"]  # stage 0 holds more in flight
+
+
+def test_a_run_without_optimizer_state_does_not_pass_for_the_most_sharded():
+    """zero3 under SGD (parity_bf16) sums fewer categories than zero3 under AdamW: the AdamW run is drawn."""
+    study = load_study_file(REPO / "config/config.yaml", REPO).experiments
+    summaries = [{"experiment": exp, "strategy": "zero3", "status": "ok", "world_size": 2} for exp in ("parity_bf16", "zero")]
+    table = mechanisms(TableInputs(summaries=summaries, experiments=study))
+    assert set(table["experiment"]) == {"zero"} and "optimizer state" in set(table["category"])

@@ -66,22 +66,22 @@ def host_offload(rungs: pd.DataFrame) -> str:
 
 
 def tp_memory(memory: pd.DataFrame, categories: dict[str, str]) -> str:
-    """tp_memory_categories.csv of the TP experiment: per run, bytes per rank by category (columns renamed to
-    `categories`' values). Which categories each tensor-parallel run holds less of than the reference."""
-    reference = memory[memory["strategy"] == "single"]
-    tp = memory[memory["family"] == "tensor parallel"]
-    if reference.empty or tp.empty:
-        return "Memory per rank by category (mean over ranks)."
-    base = reference.iloc[0]
+    """tp_memory_categories.csv rows of each TP experiment's own runs: per run, bytes per rank by category
+    (columns renamed to `categories`' values). Which categories each tensor-parallel run holds less of than
+    its experiment's single device."""
     groups: dict[tuple, list[str]] = {}
-    for _, row in tp.iterrows():  # category names have spaces: rows by label, not attribute
-        cut = tuple(name for name in categories.values() if row[name] < base[name])
-        groups.setdefault(cut, []).append(row["strategy"])
+    for _, runs in memory.groupby(memory.get("tp_experiment", pd.Series("", index=memory.index)), sort=False):
+        reference = runs[runs["strategy"] == "single"]
+        for _, row in runs[runs["family"] == "tensor parallel"].iterrows() if len(reference) else []:
+            cut = tuple(name for name in categories.values() if row[name] < reference.iloc[0][name])
+            groups.setdefault(cut, []).append(row.get("run", row["strategy"]))
+    if not groups:
+        return "Memory per rank by category (mean over ranks)."
     parts = [f"{_listed(runs)} {'holds' if len(runs) == 1 else 'hold'} less than one device in "
              + ("no category" if not cut else f"all {len(cut)} categories" if len(cut) == len(categories)
                 else f"{len(cut)} of {len(categories)} categories ({', '.join(cut)})")
              for cut, runs in groups.items()]
-    return "; ".join(parts) + ". Bytes per rank by category, mean over ranks, beside runs of other experiments."
+    return "; ".join(parts) + ". Bytes per rank by category, mean over ranks, beside the single device."
 
 
 def cp_activations(ratios: pd.DataFrame) -> str:
@@ -98,8 +98,8 @@ def comm_share(shares: pd.DataFrame) -> str:
     ranked = shares.sort_values("comm_share", ascending=False)
     top, low = ranked.iloc[0], ranked.iloc[-1]
     return (f"Communication takes from {low['comm_share']:.0%} ({low['strategy']}) to {top['comm_share']:.0%} "
-            f"({top['strategy']}) of a step here. Bars: measured where a strategy times its waits, else predicted; "
-            "ticks: the α-β prediction.")
+            f"({top['strategy']}) of a step here. Bars: the median over a strategy's runs (line: their range), measured "
+            "where a strategy times its waits, else predicted; ticks: the α-β prediction.")
 
 
 def mechanisms(held: pd.DataFrame, split_below: float = 0.95) -> str:
@@ -134,9 +134,9 @@ def zero_tradeoff(rungs: pd.DataFrame) -> str:
         saved = 1 - least["measured_device_bytes"] / fastest["measured_device_bytes"]
         parts.append(f"{least['strategy']} is the fastest rung and holds least on the device ({experiment})"
                      if least["strategy"] == fastest["strategy"] else
-                     f"{least['strategy']} holds {saved:.0%} less on the device than the fastest rung, "
-                     f"{fastest['strategy']}, at {least['tokens_per_s'] / fastest['tokens_per_s']:.2f}× its "
-                     f"throughput ({experiment})")
+                     f"{least['strategy']} holds {least['measured_device_bytes'] / 2**20:.2g} MiB of model states on "
+                     f"the device, {saved:.0%} less than the fastest rung, {fastest['strategy']}, at "
+                     f"{least['tokens_per_s'] / fastest['tokens_per_s']:.2f}× its throughput ({experiment})")
     return "; ".join(parts) + ". One point per rung: model states on the device per rank against tokens per second."
 
 
@@ -153,3 +153,14 @@ def planner_runs(runs: pd.DataFrame) -> str:
     return (f"The planner predicts {best} best (median error {median[best]:.2g} %) and {worst} worst "
             f"({median[worst]:.2g} %). Predicted against measured per run, log scales; the diagonal is a perfect "
             "prediction.")
+
+
+def composed_memory(worst: pd.DataFrame) -> str:
+    """composed_worst.csv: per quantity, the worst error over every rank of every composed run and its goal."""
+    if worst.empty:
+        return "No composed rank to compare."
+    met = _truthy(worst["meets_goal"])
+    parts = [f"{r.quantity} {r.worst_abs_error_pct:.2g} % (goal {r.goal_pct:g} %)" for r in worst.itertuples()]
+    lead = ("The cost model predicts every rank of every composed run within its goals"
+            if met.all() else "The cost model misses its goal for " + _listed(list(worst.loc[~met, "quantity"])))
+    return f"{lead}: worst errors {', '.join(parts)}. Each point is one rank's bytes of one category."

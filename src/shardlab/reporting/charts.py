@@ -61,15 +61,18 @@ def setup() -> None:
 
 
 # Pointers to the appendix and folded method notes: one tight line each, so the main body stays short.
+# The fallback renderer (nbconvert) pads every cell and output as if code were shown: tighten it.
 STYLE = ("<style>.shardlab-appendix-ref{margin:0.1em 0;font-size:0.85em;color:#555}"
+         ".jp-Cell,.jp-OutputArea-output{padding-top:0 !important;padding-bottom:0 !important}"
          "details.shardlab-method{margin:0.3em 0;font-size:0.9em}"
          "details.shardlab-method>summary{cursor:pointer;color:#555}</style>")
 
 
-# Vega's tableau20, written out: a strategy's colour is picked by its place in the registry.
-PALETTE = ("#4c78a8", "#9ecae9", "#f58518", "#ffbf79", "#54a24b", "#88d27a", "#b79a20", "#f2cf5b", "#439894",
-           "#83bcb6", "#e45756", "#ff9d98", "#79706e", "#bab0ac", "#d67195", "#fcbfd2", "#b279a2", "#d6a5c9",
-           "#9e765f", "#d8b5a5")
+# Vega's tableau20, its ten dark shades first: neighbours in the registry (dp_naive, dp_interleaved) get
+# different hues, not a dark and a light shade of one. A strategy's colour is picked by its place there.
+PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#b79a20", "#439894", "#e45756", "#79706e", "#d67195", "#b279a2",
+           "#9e765f", "#9ecae9", "#ffbf79", "#88d27a", "#f2cf5b", "#83bcb6", "#ff9d98", "#bab0ac", "#fcbfd2",
+           "#d6a5c9", "#d8b5a5")
 
 
 def strategy_colors(order: Iterable[str]):

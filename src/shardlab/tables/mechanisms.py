@@ -47,22 +47,25 @@ def run_mechanism(summary: dict, inputs: TableInputs) -> list[dict]:
     plan, model, workload = spec.run_plan(exp, world), spec.run_model(shape, exp), Workload.from_training(exp["training"])
     whole = _held(model, REGISTRY["single"].run_plan(exp, 1), workload, 0)
     key = {"family": spec.family.value, "strategy": spec.name, "experiment": summary["experiment"], "world_size": world}
+    # A category one device does not hold at all (no optimizer state under SGD) has no share to draw.
     return [dict(key, rank=r, coordinates=_coordinates(plan, r), category=c, share=held[c] / whole[c])
-            for r in range(world) for held in [_held(model, plan, workload, r)] for c in CATEGORIES]
+            for r in range(world) for held in [_held(model, plan, workload, r)] for c in CATEGORIES if whole[c]]
 
 
 def mechanisms(inputs: TableInputs) -> pd.DataFrame:
-    """One run per family: the one that holds least per rank (most sharded), ties to the registry's order."""
-    order = {name: i for i, name in enumerate(REGISTRY)}
+    """One run per family: the one that holds least per rank (most sharded), ties to the registry's order; a run
+    of an experiment with every category held (not SGD's, without optimizer state) before one without."""
+    order = {name: i for i, name in enumerate(REGISTRY)}  # composed runs (named by their plan) come last
     ok = sorted((s for s in inputs.summaries if s.get("status") == "ok" and s["strategy"] in REGISTRY
-                 and s["strategy"] not in NOISE_RUNS), key=lambda s: order[s["strategy"]])
-    best: dict[str, tuple[float, list[dict]]] = {}
+                 and s["strategy"] not in NOISE_RUNS), key=lambda s: order.get(s["strategy"], len(order)))
+    best: dict[str, tuple[tuple, list[dict]]] = {}
     for summary in ok:
         rows = run_mechanism(summary, inputs)
         if not rows:
             continue
         held = max(sum(r["share"] for r in rows if r["rank"] == rank) for rank in {r["rank"] for r in rows})
+        key = (-len({r["category"] for r in rows}), held)
         family = rows[0]["family"]
-        if family not in best or held < best[family][0]:
-            best[family] = (held, rows)
+        if family not in best or key < best[family][0]:
+            best[family] = (key, rows)
     return pd.DataFrame([row for _, rows in best.values() for row in rows], columns=MECHANISM_COLUMNS)
