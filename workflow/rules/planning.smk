@@ -11,6 +11,8 @@ PLANNING_TABLES = table_files(
     "planning_zero_ladder",
     "planning_published",
     "planning_published_summary",
+    "planning_published_loo",
+    "planning_published_fsdp",
     "planning_crosscheck",
     "planning_reported_mfu",
 )

@@ -76,6 +76,7 @@ def measured_per_layer(activation_by_module: dict[str, int], n_layers: int) -> d
 
 SPLITS = ("none", "tensor", "tensor_sequence", "tensor_sequence_gathered")
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "sdpa", "eager", "ring")
 # How the probed runs store values (tests/test_cost_grid.py): fp32; bf16 under torch.autocast (the
 # torch-native strategies); bf16 with the module cast (DeepSpeed, FSDP2; CPU's bf16 LayerNorm keeps
 # bf16 statistics).
@@ -91,8 +92,10 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     """Bytes one transformer layer keeps for backward on one rank, by component (see the module docstring).
 
     split: one of SPLITS ('none', 'tensor', 'tensor_sequence', 'tensor_sequence_gathered');
-    residual: 'parallel' (both LayerNorms read one input) | 'sequential'; attention: 'sdpa' (flash-like: logsumexp, no scores) | 'eager' (scores,
-    softmax; dropout's mask and output); recompute: 'none' | 'selective' (the attention core's inputs
+    residual: 'parallel' (both LayerNorms read one input) | 'sequential'; attention: 'flash' (a fused
+    kernel as Megatron and FlashAttention run it: Q, K, V and a logsumexp; its output is the projection's
+    input) | 'sdpa' (what transformers' SDPA path saves in our GPT-NeoX, see the module docstring) |
+    'eager' (scores, softmax; dropout's mask and output) | 'ring'; recompute: 'none' | 'selective' (the attention core's inputs
     Q, K, V are kept, the rest recomputed) | 'full' (only the layer input); kv_heads: for GQA;
     mlp: 'gelu' (GeLU input and output) | 'swiglu' (fused: gate and up outputs, their product);
     autocast: bf16 compute over fp32 weights (fp32 residual stream, bf16 weight copies);
@@ -133,6 +136,8 @@ def _attention_saved(s: int, b: int, h: int, a: int, v: int, attention: str, dro
         # The hand-written blockwise kernel (context parallelism) saves float32 copies of Q, K, V, its float32
         # output and logsumexp per (head, token), in any dtype; no view of a fused QKV output stays alive.
         return 4 * s * b * h + 4 * a * s * b
+    if attention == "flash":
+        return 4 * a * s * b  # the float32 logsumexp per (head, token); the output is counted as the projection's input
     if attention == "sdpa":
         # V is a view of the fused QKV output (kept whole); rotary makes new Q and K; the output and a
         # float32 logsumexp per (head, token).
@@ -159,7 +164,7 @@ class _Splitter:
 
 def _check(split: str, residual: str, attention: str, recompute: str, mlp: str) -> None:
     for name, value, known in [("split", split, SPLITS), ("residual", residual, ("parallel", "sequential")),
-                               ("attention", attention, ("sdpa", "eager", "ring")), ("recompute", recompute, RECOMPUTE),
+                               ("attention", attention, ATTENTION), ("recompute", recompute, RECOMPUTE),
                                ("mlp", mlp, ("gelu", "swiglu"))]:
         if value not in known:
             raise ValueError(f"unknown {name} {value!r} (known: {', '.join(known)})")

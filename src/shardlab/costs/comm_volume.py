@@ -51,13 +51,16 @@ class Call:
 
 def gradient_bytes(plan: Plan) -> int:
     """Bytes a gradient value travels in: DeepSpeed's bf16 reduces bf16 gradients; replicas under
-    autocast, FSDP2 (as this project configures it) and Megatron's main gradients are fp32."""
+    autocast and Megatron's main gradients are fp32, and so is FSDP2's reduction under the mixed
+    precision this project and torchtitan configure (MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32); FSDP1's "DEFAULT" policy in llm-foundry is the same)."""
     return 2 if plan.dtype != "fp32" and plan.framework == "deepspeed" else 4
 
 
 def parameter_bytes(plan: Plan) -> int:
-    """Bytes a gathered parameter travels in: the compute dtype, except FSDP2's fp32 shards."""
-    return 4 if plan.dtype == "fp32" or plan.framework == "fsdp2" else 2
+    """Bytes a gathered parameter travels in: the compute dtype (FSDP2 casts its fp32 shards to
+    `param_dtype` before the all-gather)."""
+    return 4 if plan.dtype == "fp32" else 2
 
 
 def activation_message(model: ModelShape, plan: Plan, workload: Workload) -> float:

@@ -36,14 +36,20 @@ def training_flops_per_token(parameters: int, num_layers: int, hidden_size: int,
     return 6 * parameters + 12 * num_layers * hidden_size * seq_len
 
 
+def memory_bytes(device: dict) -> float:
+    """A device's memory in bytes: vendors' "GB" of HBM are binary (an "80GB" H100 shows 81,559 MiB)."""
+    return device["hbm_gb"] * 2**30
+
+
 def by_name(name: str) -> dict:
-    """The catalog entry called `name`, with the shared efficiencies merged in; a clear error naming
-    the known entries otherwise."""
+    """The catalog entry called `name`, with the efficiencies merged in (the shared ones, then the
+    entry's own calibrated ones); a clear error naming the known entries otherwise."""
     entry = next((a for a in accelerators() if a["name"] == name), None)
     if entry is None:
         raise KeyError(f"unknown accelerator {name!r} (catalog {CATALOG.name}: "
                        f"{', '.join(a['name'] for a in accelerators())})")
-    return {**efficiencies(), **entry}
+    own = {k: v for k, v in entry.items() if k != "efficiencies"}
+    return {**efficiencies(), **entry.get("efficiencies", {}), **own}
 
 
 @lru_cache(maxsize=1)

@@ -11,7 +11,11 @@ context, data, pipeline; expert parallelism is carved out of the dp x cp ranks, 
   autocast); `offload` moves optimizer state (and at stage 3
   parameters) to host memory;
 - micro-batch rows per rank, activation recompute none/selective/full, dtype, and an attention
-  kernel that stores the score matrix ("eager") or not ("flash").
+  kernel: "flash" (a fused kernel as Megatron and FlashAttention run it), "sdpa" (what transformers'
+  SDPA path saves in this project's GPT-NeoX runs), "eager" (stores the score matrix) or "ring".
+
+The pipeline's pp x virtual_stages stages must hold equal shares of the model: the layers split
+evenly, or the layers + 2 with the embedding and the head as one layer each (`shapes.cuts_evenly`).
 
 `rejection` says why a plan cannot run (a divisibility, the batch, a placement), naming the field,
 before any cost is computed.
@@ -22,14 +26,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from shardlab.costs import hardware
-from shardlab.costs.shapes import ModelShape
+from shardlab.costs.shapes import ModelShape, cuts_evenly
+from shardlab.costs.sharded_states import MOMENT_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
 FRAMEWORKS = ("deepspeed", "fsdp2", "megatron", "torch")  # torch: plain replicas (DDP, hand-written TP/PP/CP/EP)
-ATTENTION = ("flash", "eager", "ring")  # ring: a hand-written blockwise kernel (q, k, v, output, logsumexp)
+ATTENTION = ("flash", "sdpa", "eager", "ring")  # ring: a hand-written blockwise kernel (q, k, v, output, logsumexp)
 DTYPES = ("bf16", "fp16", "fp32")
+ZERO_STAGES = (0, 1, 2, 3)
+OPTIMIZERS = tuple(MOMENT_BYTES)  # the optimizers whose state costs.sharded_states counts
+# The plan fields limited to a list of values, and those that count something (at least one).
+CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "framework": FRAMEWORKS,
+           "attention": ATTENTION, "dtype": DTYPES, "zero": ZERO_STAGES, "optimizer": OPTIMIZERS}
+DEGREES = ("dp", "tp", "pp", "cp", "ep", "micro_batch", "virtual_stages")
 
 
 @dataclass(frozen=True)
@@ -160,22 +171,12 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
     """Why `plan` cannot run `model` on `cluster` at `workload` (the first reason, starting with the
     field at fault), or None. A plain chain of ifs: the search calls it for every candidate."""
     p, w = plan, workload
-    if p.schedule not in SCHEDULES:
-        return f"schedule: {p.schedule!r} is not one of {SCHEDULES}"
-    if p.recompute not in RECOMPUTE:
-        return f"recompute: {p.recompute!r} is not one of {RECOMPUTE}"
-    if p.offload not in OFFLOAD:
-        return f"offload: {p.offload!r} is not one of {OFFLOAD}"
-    if p.framework not in FRAMEWORKS:
-        return f"framework: {p.framework!r} is not one of {FRAMEWORKS}"
-    if p.attention not in ATTENTION:
-        return f"attention: {p.attention!r} is not one of {ATTENTION}"
-    if p.dtype not in DTYPES:
-        return f"dtype: {p.dtype!r} is not one of {DTYPES}"
-    if p.zero not in (0, 1, 2, 3):
-        return f"zero: {p.zero} is not a ZeRO stage 0-3"
+    for name, allowed in CHOICES.items():
+        if getattr(p, name) not in allowed:
+            return f"{name}: {getattr(p, name)!r} is not one of {allowed}"
     if min(p.dp, p.tp, p.pp, p.cp, p.ep, p.micro_batch, p.virtual_stages) < 1:
-        return "dp/tp/pp/cp/ep/micro_batch/virtual_stages: every degree must be >= 1"
+        name = next(name for name in DEGREES if getattr(p, name) < 1)
+        return f"{name}: {getattr(p, name)} is not a count of at least 1"
     if p.world != cluster.gpus:
         return f"world: dp*tp*pp*cp = {p.world} is not the cluster's {cluster.gpus} GPUs"
     if p.tp > cluster.gpus_per_node:
@@ -188,17 +189,27 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
         return "sp: sequence parallelism needs tp > 1"
     if p.sp_gathered_inputs and not p.sp:
         return "sp_gathered_inputs: only sequence parallelism gathers its inputs"
-    if w.seq_len % (p.cp * (p.tp if p.sp else 1)):
-        return f"cp: sequence {w.seq_len} is not divisible by cp={p.cp}{' x tp' if p.sp else ''}"
-    if p.pp == 1 and (p.schedule == "interleaved" or p.virtual_stages > 1):
-        return "schedule: a single pipeline stage has no schedule to interleave"
-    if (p.schedule == "interleaved") != (p.virtual_stages > 1) and p.pp > 1:
-        return f"virtual_stages: {p.virtual_stages} chunks per rank go with (and only with) the interleaved schedule"
+    if w.seq_len % p.cp:
+        return f"cp: sequence {w.seq_len} is not divisible by cp={p.cp}"
+    if p.sp and (w.seq_len // p.cp) % p.tp:
+        return f"sp: the sequence shard of {w.seq_len // p.cp} tokens is not divisible by tp={p.tp}"
+    if p.pp == 1 and p.schedule == "interleaved":
+        return "schedule: a single pipeline stage (pp=1) has no schedule to interleave"
+    if p.pp == 1 and p.virtual_stages > 1:
+        return f"virtual_stages: a single pipeline stage (pp=1) has no {p.virtual_stages} chunks to interleave"
+    if p.pp > 1 and p.schedule == "interleaved" and p.virtual_stages == 1:
+        return "virtual_stages: the interleaved schedule needs 2 or more model chunks per rank (virtual_stages=2...)"
+    if p.pp > 1 and p.virtual_stages > 1 and p.schedule != "interleaved":
+        return f"virtual_stages: {p.virtual_stages} model chunks per rank need schedule=interleaved, not {p.schedule}"
     if model.num_layers < p.pp:
         return f"pp: {model.num_layers} layers cannot give each of {p.pp} pipeline ranks one"
-    if p.pp * p.virtual_stages > model.num_layers + 2:
-        return f"virtual_stages: {p.pp * p.virtual_stages} stages cannot be cut from {model.num_layers} layers (+ embedding and head)"
-    if p.ep > 1 and (not model.num_experts or model.num_experts % p.ep):
+    if not cuts_evenly(model.num_layers, p.pp * p.virtual_stages):
+        return (f"{'virtual_stages' if p.virtual_stages > 1 else 'pp'}: {p.pp * p.virtual_stages} pipeline stages "
+                f"(pp x virtual_stages) split neither the {model.num_layers} layers evenly nor "
+                f"{model.num_layers} + 2 with the embedding and the head as one layer each")
+    if p.ep > 1 and not model.num_experts:
+        return f"ep: a dense model has no experts to split over ep={p.ep}"
+    if model.num_experts % p.ep:
         return f"ep: {model.num_experts} experts are not divisible by ep={p.ep}"
     if (p.dp * p.cp) % p.ep:
         return f"ep: ep={p.ep} must divide the dp x cp = {p.dp * p.cp} ranks it is carved from"

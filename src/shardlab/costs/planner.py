@@ -2,19 +2,23 @@
 
     python -m shardlab plan evaluate --model pythia-6.9b --hardware "H100-80GB SXM" --nodes 1 \\
         --global-batch 256 --seq-len 2048 --plan dp=8,zero=3,micro_batch=2
+    python -m shardlab plan evaluate ... --plans plans.csv       # one line per plan of the file
     python -m shardlab plan search --model llama3-405b --hardware "H100-80GB SXM" --nodes 2048 \\
-        --global-batch 2048 --seq-len 8192 --top 5 --json
+        --global-batch 2048 --seq-len 8192 --top 5 --fix tp=8,pp=16 --no cp [--json]
 
---model: a name from costs/models.yaml, or a Hugging Face config.json / YAML file of a shape.
---hardware: an accelerator of costs/hardware.yaml. --what-if scales catalog figures, e.g.
-`--what-if network_gbps=2 hbm_gb=1.5`.
+evaluate prints a plan's memory by category and its step by component, with tokens/s, MFU, HFU
+(recomputed forward work counted) and TFLOP/s per GPU; it exits 1 with the reason (the field at
+fault first) when the plan cannot run or does not fit. A malformed field exits 2 (argparse's
+convention). search ranks the plans that fit and says why the others do not; it exits 1 when none
+fits. --what-if scales catalog figures, e.g. `--what-if network_gbps=2 hbm_gb=1.5`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,9 +26,11 @@ import yaml
 
 from shardlab.costs import hardware
 from shardlab.costs.plan import Cluster, Plan, Workload
+from shardlab.costs.plan_fields import (TYPES, PlanFieldError, fields_help, parse_fields, parse_plan, parse_value,
+                                        read_plans)
 from shardlab.costs.predict import Prediction, evaluate
 from shardlab.costs.rank_memory import MEMORY_CATEGORIES
-from shardlab.costs.search import SearchResult, Space, search
+from shardlab.costs.search import FIXABLE, TECHNIQUES, SearchResult, Space, search
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 
@@ -43,7 +49,7 @@ def model_shape(name_or_path: str) -> ModelShape:
         return ModelShape.from_dict(known_models()[name_or_path])
     path = Path(name_or_path)
     if not path.exists():
-        raise SystemExit(f"--model: {name_or_path!r} is neither a known model ({', '.join(known_models())}) nor a file")
+        raise ValueError(f"{name_or_path!r} is neither a known model ({', '.join(known_models())}) nor a file")
     return ModelShape.from_dict(yaml.safe_load(path.read_text()))
 
 
@@ -77,25 +83,37 @@ def scenarios(planning: dict) -> list[Scenario]:
     return [scenario(entry, f"planning.scenarios[{i}]") for i, entry in enumerate(planning.get("scenarios", []))]
 
 
-def parse_plan(text: str) -> Plan:
-    """'dp=8,tp=2,sp=true,zero=3' -> Plan; a clear error naming an unknown or malformed field."""
-    fields = Plan.__dataclass_fields__
-    values = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, raw = item.partition("=")
-        if not sep or key not in fields:
-            raise SystemExit(f"--plan: cannot read {item!r} (fields: {', '.join(fields)})")
-        kind = type(fields[key].default)
-        values[key] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
-    return Plan(**values)
+def what_if_item(text: str) -> tuple[str, float]:
+    """'network_gbps=2' -> ('network_gbps', 2.0)."""
+    key, _, factor = text.partition("=")
+    try:
+        return key.strip(), float(factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not figure=factor (e.g. network_gbps=2)") from None
 
 
-def parse_what_if(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, _, factor = item.partition("=")
-        out[key] = float(factor)
-    return out
+def accelerator(name: str) -> str:
+    try:
+        hardware.by_name(name)
+    except KeyError as err:
+        raise argparse.ArgumentTypeError(err.args[0]) from None
+    return name
+
+
+def argument(read):
+    """`read` as an argparse type: its error's message, not a traceback, and exit code 2."""
+    def parse(text: str):
+        try:
+            return read(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    parse.__name__ = read.__name__
+    return parse
+
+
+def values_of(name: str):
+    """An argparse type reading comma-separated values of plan field `name`: '1,2' -> (1, 2)."""
+    return argument(lambda text: tuple(parse_value(name, v) for v in text.split(",")))
 
 
 def render_prediction(p: Prediction) -> str:
@@ -105,20 +123,39 @@ def render_prediction(p: Prediction) -> str:
     lines += [f"  {k:14s} {p.memory[k] / GB:9.2f} GB" for k in MEMORY_CATEGORIES]
     lines.append(f"  {'host (offload)':14s} {p.memory['host_bytes'] / GB:9.2f} GB")
     if p.time:
-        lines.append(f"step {p.step_s:.3f} s, {p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, bottleneck: {p.bottleneck}")
+        lines.append(f"step {p.step_s:.3f} s, {p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, HFU {p.hfu:.1%}, "
+                     f"{p.tflops_per_gpu:.0f} TFLOP/s per GPU, bottleneck: {p.bottleneck}")
         lines += [f"  {k:14s} {v:9.4f} s" for k, v in p.time.items() if v]
     return "\n".join(lines)
+
+
+def render_rates(p: Prediction) -> str:
+    return (f"{p.tokens_per_s:12,.0f} tok/s  MFU {p.mfu:5.1%}  HFU {p.hfu:5.1%}  {p.tflops_per_gpu:5.0f} TFLOP/s  "
+            f"{p.device_bytes / GB:6.1f} GB")
 
 
 def render_search(r: SearchResult) -> str:
     lines = [f"{r.candidates:,} candidate plans in {r.seconds:.1f} s: {r.fitting:,} fit, "
              f"{r.candidates - r.fitting:,} rejected"]
-    for i, p in enumerate(r.ranked, 1):
-        lines.append(f"{i:3d}. {p.tokens_per_s:12,.0f} tok/s  MFU {p.mfu:5.1%}  {p.device_bytes / GB:6.1f} GB  "
-                     f"{p.bottleneck:12s}  {p.plan.label()}")
+    lines += [f"{i:3d}. {render_rates(p)}  {p.bottleneck:12s}  {p.plan.label()}" for i, p in enumerate(r.ranked, 1)]
     lines.append("rejected:")
     lines += [f"  {n:9,d} {kind:14s} e.g. {r.examples[kind]}" for kind, n in r.rejected.most_common()]
     return "\n".join(lines)
+
+
+def render_outcomes(outcomes: list[Prediction | str], plans: list[Plan]) -> str:
+    """One line per plan of a --plans file: its rates and memory, or why it cannot run or fit."""
+    lines = []
+    for row, (plan, p) in enumerate(zip(plans, outcomes), 1):
+        if isinstance(p, str):
+            lines.append(f"{row:3d}. rejected: {p}  [{plan.label()}]")
+        else:
+            lines.append(f"{row:3d}. {render_rates(p)}  {'fits' if p.fits else 'does not fit'}  {p.plan.label()}")
+    return "\n".join(lines)
+
+
+def outcome_json(plan: Plan, p: Prediction | str) -> dict:
+    return p.as_dict() if isinstance(p, Prediction) else {"plan": plan.as_dict(), "label": plan.label(), "rejected": p}
 
 
 def search_json(r: SearchResult) -> dict:
@@ -127,36 +164,101 @@ def search_json(r: SearchResult) -> dict:
             "rejected": [{"reason": k, "plans": n, "example": r.examples[k]} for k, n in r.rejected.most_common()]}
 
 
+def parser() -> argparse.ArgumentParser:
+    out = argparse.ArgumentParser(prog="shardlab plan", description=__doc__, epilog=fields_help(),
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    out.add_argument("mode", choices=["evaluate", "search"],
+                     help="evaluate one plan (--plan) or a file of plans (--plans); search the plans of the cluster")
+    out.add_argument("--model", required=True, type=argument(model_shape),
+                     help="a name of costs/models.yaml, or a Hugging Face config.json / YAML file of a shape")
+    out.add_argument("--hardware", required=True, type=accelerator, help="accelerator name in costs/hardware.yaml")
+    out.add_argument("--nodes", type=int, required=True)
+    out.add_argument("--gpus-per-node", type=int, default=8)
+    out.add_argument("--host-memory-gb", type=float, default=None, help="per node (default: unlimited)")
+    out.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    out.add_argument("--seq-len", type=int, required=True)
+    out.add_argument("--what-if", nargs="*", default=[], type=what_if_item,
+                     help="catalog figure=factor, e.g. network_gbps=2 hbm_gb=1.5")
+    out.add_argument("--json", action="store_true")
+    one = out.add_argument_group("evaluate").add_mutually_exclusive_group()
+    one.add_argument("--plan", default=Plan(), type=argument(parse_plan),
+                     help="one plan's fields, e.g. dp=8,tp=2,sp=true,zero=1 (the others at their defaults); "
+                          "exit 1 if it cannot run or does not fit")
+    one.add_argument("--plans", type=Path, help="a CSV (a header of field names) or YAML (a list of mappings) "
+                                                "file of plans: one line each, its prediction or why it cannot run; "
+                                                "exit 0 once every row is evaluated")
+    narrow = out.add_argument_group("search")
+    narrow.add_argument("--top", type=int, default=10)
+    narrow.add_argument("--fix", default={}, type=argument(parse_fields),
+                        help="plan fields every candidate keeps, e.g. tp=8,pp=16 or attention=eager (any field "
+                             f"but the facts of a run: {', '.join(sorted(set(TYPES) - FIXABLE))})")
+    narrow.add_argument("--no", action="append", default=[], choices=TECHNIQUES, metavar="TECHNIQUE",
+                        help="leave a technique out (repeatable): "
+                             + "; ".join(f"{k}: {v}" for k, v in TECHNIQUES.items()))
+    for name in ("cp", "micro_batch", "recompute", "virtual_stages"):
+        narrow.add_argument(f"--{name.replace('_', '-')}", type=values_of(name), metavar="V1,V2",
+                            help=f"{name} values to try (default {','.join(map(str, getattr(Space(), name)))})")
+    return out
+
+
+def search_space(args) -> Space:
+    """The default space with the command line's value lists, then its fixed fields, then the techniques
+    left out."""
+    lists = {name: getattr(args, name) for name in ("cp", "micro_batch", "recompute", "virtual_stages")}
+    space = replace(Space(), **{k: v for k, v in lists.items() if v is not None}).fixing(args.fix)
+    for technique in args.no:
+        space = space.without(technique)
+    return space
+
+
+def run_search(args, model: ModelShape, cluster: Cluster, workload: Workload, cli: argparse.ArgumentParser) -> int:
+    try:
+        space = search_space(args)
+    except ValueError as err:
+        cli.error(f"--fix: {err}")
+    result = search(model, cluster, workload, top=args.top, space=space)
+    if not result.candidates:
+        print(f"no candidate plan satisfies the constraints on {cluster.gpus} GPUs: the degrees must multiply to "
+              f"dp x tp x pp x cp = {cluster.gpus}, and --fix and --no must not contradict each other")
+        return 1
+    print(json.dumps(search_json(result), indent=1) if args.json else render_search(result))
+    return 0 if result.ranked else 1
+
+
+def run_evaluate(args, model: ModelShape, cluster: Cluster, workload: Workload, cli: argparse.ArgumentParser) -> int:
+    if args.plans is None:
+        return evaluate_one(args.plan, model, cluster, workload, args.json)
+    try:
+        plans = read_plans(args.plans)
+    except PlanFieldError as err:
+        cli.error(f"--plans {err}")
+    outcomes = [evaluate(model, plan, cluster, workload) for plan in plans]
+    print(json.dumps([outcome_json(*pair) for pair in zip(plans, outcomes)], indent=1) if args.json
+          else render_outcomes(outcomes, plans))
+    return 0
+
+
+def evaluate_one(plan: Plan, model: ModelShape, cluster: Cluster, workload: Workload, as_json: bool) -> int:
+    """Print the plan's prediction; 1 (and why) if it cannot run or does not fit, else 0."""
+    result = evaluate(model, plan, cluster, workload)
+    if isinstance(result, str):
+        print(json.dumps(outcome_json(plan, result)) if as_json else f"rejected: {result}")
+        return 1
+    print(json.dumps(result.as_dict(), indent=1) if as_json else render_prediction(result))
+    if not result.fits:
+        print(f"does not fit: {result.why}", file=sys.stderr if as_json else sys.stdout)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["evaluate", "search"])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--hardware", required=True, help="accelerator name in costs/hardware.yaml")
-    parser.add_argument("--nodes", type=int, required=True)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--host-memory-gb", type=float, default=None, help="per node (default: unlimited)")
-    parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
-    parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--plan", default="", help="evaluate: fields of the plan, e.g. dp=8,tp=2,sp=true,zero=1")
-    parser.add_argument("--top", type=int, default=10)
-    parser.add_argument("--what-if", nargs="*", default=[], help="catalog figure=factor, e.g. network_gbps=2")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
     cluster = Cluster(args.hardware, args.nodes, args.gpus_per_node, args.host_memory_gb)
     try:
-        cluster.device  # noqa: B018  (an unknown accelerator fails here, naming the catalog)
-    except KeyError as e:
-        raise SystemExit(f"--hardware: {e.args[0]}") from None
-    cluster = cluster.scaled(**parse_what_if(args.what_if))
-    model, workload = model_shape(args.model), Workload(args.global_batch, args.seq_len)
-    if args.mode == "evaluate":
-        result = evaluate(model, parse_plan(args.plan), cluster, workload)
-        if isinstance(result, str):
-            print(json.dumps({"rejected": result}) if args.json else f"rejected: {result}")
-            return 1
-        print(json.dumps(result.as_dict(), indent=1) if args.json else render_prediction(result))
-        return 0
-    result = search(model, cluster, workload, top=args.top)
-    print(json.dumps(search_json(result), indent=1) if args.json else render_search(result))
-    return 0
+        cluster = cluster.scaled(**dict(args.what_if))
+    except KeyError as err:
+        cli.error(f"--what-if: {err.args[0]!r} is not a catalog figure of {args.hardware} "
+                  f"({', '.join(k for k, v in cluster.device.items() if isinstance(v, (int, float)))})")
+    run = run_evaluate if args.mode == "evaluate" else run_search
+    return run(args, args.model, cluster, Workload(args.global_batch, args.seq_len), cli)

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 from shardlab.costs import sharded_states
 from shardlab.costs.bubble import theory_bubble_ratio
 from shardlab.costs.comm_volume import Call, step_calls
-from shardlab.costs.hardware import training_flops_per_token
+from shardlab.costs.flops import recomputed_flops_per_token
+from shardlab.costs.hardware import memory_bytes, training_flops_per_token
 from shardlab.costs.plan import Cluster, Plan, Workload, micro_batches, rejection
 from shardlab.costs.rank_memory import (USABLE_MEMORY, activation_bytes, comm_buffer_bytes, embedding_gradient_bytes,
                                         layer_parameters_on_rank, model_states, rank_parameters)
@@ -85,6 +86,8 @@ class Prediction:
     mfu: float
     bottleneck: str
     why: str  # "fits" or what does not
+    hfu: float  # hardware FLOPs utilisation: MFU's FLOPs plus the recomputed forward work
+    tflops_per_gpu: float  # Megatron's figure: hardware FLOPs per second per GPU, in TFLOP/s
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -117,7 +120,7 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
         per_rank[r] = (device_total, mem, states)
     fullest = max(per_rank, key=lambda r: per_rank[r][0])
     device_total, mem, states = per_rank[fullest]
-    capacity = device["hbm_gb"] * 1e9 * USABLE_MEMORY
+    capacity = memory_bytes(device) * USABLE_MEMORY
     host_needed = states.offloaded_bytes * cluster.gpus_per_node
     fits = device_total <= capacity and (cluster.host_memory_gb is None or host_needed <= cluster.host_memory_gb * 1e9)
     why = "fits" if fits else (
@@ -126,7 +129,7 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
     memory_out = dict(mem, host_bytes=states.offloaded_bytes)
     if not with_time:
         return Prediction(plan, memory_out, device_total, capacity, fits, {}, float("nan"), float("nan"),
-                          float("nan"), "", why)
+                          float("nan"), "", why, float("nan"), float("nan"))
 
     # A step: m micro-batches at the slowest rank's pace, plus the pipeline's fill and drain (the
     # bubble of costs.bubble, in units of the first rank's micro-batch time).
@@ -144,5 +147,8 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
     model_flops = training_flops_per_token(model.active_parameters(), model.num_layers, model.hidden_size,
                                            workload.seq_len) * tokens
     mfu = model_flops / (step * plan.world * peak)
+    hardware_flops = model_flops + recomputed_flops_per_token(model, plan.recompute, workload.seq_len) * tokens
+    hfu = hardware_flops / (step * plan.world * peak)
+    tflops_per_gpu = hardware_flops / (step * plan.world) / 1e12
     return Prediction(plan, memory_out, device_total, capacity, fits, time, step, tokens / step, mfu,
-                      max(time, key=time.get), why)
+                      max(time, key=time.get), why, hfu, tflops_per_gpu)

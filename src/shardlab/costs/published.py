@@ -85,3 +85,48 @@ def predict_device(figure: str) -> float:
     from shardlab.costs.hardware import by_name
 
     return by_name(reference()["accelerator"])[figure]
+
+
+# --- PyTorch FSDP on H100 (MosaicML's MPT benchmarks): calibration and held-out rows -----------------
+def fsdp_setting(point: dict) -> tuple[ModelShape, Plan, Cluster, Workload]:
+    """The MPT shape, the FSDP FULL_SHARD plan, the H100 nodes and the batch of one benchmark row."""
+    ref = reference()["fsdp_h100"]
+    d, layers, heads = ref["shapes"][point["model"]]
+    model = ModelShape(ref["vocab_size"], d, layers, heads, 4 * d, residual="sequential", tied_embeddings=True)
+    gpus = point["gpus"]
+    plan = Plan(dp=gpus, zero=3, framework="fsdp2", micro_batch=point["micro_batch"],
+                recompute="full" if point["ckpt"] else "none", dtype="bf16", attention="flash")
+    workload = Workload(point["micro_batch"] * point["grad_accum"] * gpus, point["seq_len"])
+    return model, plan, Cluster(ref["accelerator"], nodes=gpus // 8), workload
+
+
+def fsdp_rows(overrides: dict | None = None) -> list[dict]:
+    """One row per benchmark: published and predicted tokens/s per GPU, the error, whether the row
+    calibrates the H100 efficiencies or is held out (`calibration_models`)."""
+    ref = reference()["fsdp_h100"]
+    out = []
+    for point in ref["points"]:
+        model, plan, cluster, workload = fsdp_setting(point)
+        if overrides:
+            cluster = Cluster(cluster.accelerator, cluster.nodes, overrides=overrides)
+        pred = predict.evaluate(model, plan, cluster, workload)
+        predicted = pred.tokens_per_s / cluster.gpus
+        published_rate = point["tokens_per_s_per_gpu"]
+        out.append({"model": point["model"], "seq_len": point["seq_len"], "gpus": point["gpus"],
+                    "micro_batch": point["micro_batch"], "grad_accum": point["grad_accum"],
+                    "recompute": plan.recompute,
+                    "split": "calibration" if point["model"] in ref["calibration_models"] else "held_out",
+                    "published": published_rate, "predicted": predicted,
+                    "error_pct": 100 * (predicted - published_rate) / published_rate,
+                    "published_mfu_pct": point["mfu_pct"], "predicted_mfu_pct": 100 * pred.mfu,
+                    "fits": pred.fits, "memory_gb": pred.device_bytes / 1e9, "bottleneck": pred.bottleneck})
+    return out
+
+
+def split_summary(table: list[dict]) -> dict:
+    """Mean and worst absolute error (%) per split."""
+    out = {}
+    for split in dict.fromkeys(r["split"] for r in table):
+        errors = [abs(r["error_pct"]) for r in table if r["split"] == split]
+        out[split] = {"mean": sum(errors) / len(errors), "worst": max(errors), "n": len(errors)}
+    return out

@@ -116,7 +116,7 @@ def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, stored: 
     width = (model.expert_intermediate or model.intermediate_size) if model.num_experts else model.intermediate_size
     how = PRECISIONS[stored]
     parts = layer_bytes(s, b, model.hidden_size, model.num_heads, width, t=t, split=split, **how,
-                        residual=model.residual, attention="sdpa" if attention == "flash" else attention,
+                        residual=model.residual, attention=attention,
                         dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp,
                         weight_copies=weight_copies)
     if model.num_experts and recompute != "full":

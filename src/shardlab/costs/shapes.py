@@ -122,14 +122,25 @@ def split_evenly(n: int, parts: int) -> list[range]:
     return [range(starts[k], starts[k + 1]) for k in range(parts)]
 
 
+def cuts_evenly(n_layers: int, n_stages: int) -> bool:
+    """Whether `n_stages` pipeline stages can hold equal shares of the model: the layers split evenly,
+    or, with the embedding and the head each taking one layer's slot, the layers + 2 do (Llama 3
+    405B's cut: 126 layers over 16 stages, the first and the last stage holding one layer fewer)."""
+    return n_layers % n_stages == 0 or (n_layers + 2) % n_stages == 0
+
+
 def stage_units(n_layers: int, n_stages: int) -> list[list]:
     """Units of each pipeline stage, e.g. (4, 2) -> [['embed', 0, 1], [2, 3, 'head']].
 
-    The first stage holds the embedding, the last the head, the layers are spread evenly. With more
-    stages than layers, units are spread instead, so the embedding and head get stages of their own."""
+    Where the layers split evenly, each stage holds as many and the first stage adds the embedding,
+    the last the head. Where only layers + 2 split evenly, or there are more stages than layers, the
+    embedding and the head count as one unit each and the units are spread: (126, 16) gives the first
+    stage the embedding and 7 layers, the last 7 layers and the head, the others 8 layers. Any other
+    count (a run may still ask for it) spreads the layers, longer runs first."""
     if n_stages < 1:
         raise ValueError("a pipeline needs at least one stage")
-    if n_layers >= n_stages:
+    only_units_split = n_layers % n_stages != 0 and (n_layers + 2) % n_stages == 0
+    if n_layers >= n_stages and not only_units_split:
         chunks = [list(r) for r in split_evenly(n_layers, n_stages)]
         chunks[0].insert(0, EMBED)
         chunks[-1].append(HEAD)

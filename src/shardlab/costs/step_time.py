@@ -19,9 +19,12 @@ TIME_COMPONENTS = ("compute", "tp_comm", "cp_comm", "ep_comm", "zero_comm", "pp_
                    "dp_comm", "optimizer", "offload")
 
 
-def collective_s(device: dict, collective: str, size_bytes: float, group: int, intra_node: bool) -> float:
-    """alpha + bus bytes / achieved bus bandwidth on the group's link (NVLink inside a node, the
-    per-GPU NIC across nodes)."""
+def collective_s(device: dict, collective: str, size_bytes: float, group: int, intra_node: bool,
+                 rails: int = 1) -> float:
+    """alpha + bus bytes / achieved bus bandwidth on the group's link: NVLink inside a node; across
+    nodes the NICs of the group's `rails` ranks on each node, since NCCL's rings run one channel per
+    NIC and forward inside the node over NVLink (so an 8-GPU-per-node data-parallel group all-gathers
+    at 8 NICs' bandwidth, a group with one rank per node at one NIC's)."""
     if group < 2 or size_bytes <= 0:
         return 0.0
     fitted = device.get("alpha_beta", {}).get(collective)  # a machine calibrated by the comm benchmark
@@ -30,13 +33,15 @@ def collective_s(device: dict, collective: str, size_bytes: float, group: int, i
     if intra_node:
         beta, alpha = device["nvlink_gbps"] / 2 * 1e9, device["intra_node_latency_us"] * 1e-6  # per direction
     else:
-        beta, alpha = device["network_gbps"] * 1e9, device["inter_node_latency_us"] * 1e-6
+        beta = min(device["network_gbps"] * rails, device["nvlink_gbps"] / 2) * 1e9
+        alpha = device["inter_node_latency_us"] * 1e-6
     return alpha + size_bytes * bus_factor(collective, group) / (beta * device["link"])
 
 
-def calls_s(device: dict, calls: list[Call], intra_node: bool) -> float:
+def calls_s(device: dict, calls: list[Call], intra_node: bool, rails: int = 1) -> float:
     """Seconds of a list of calls issued one after another (`costs.comm_volume`)."""
-    return sum(c.count * collective_s(device, c.collective, c.size_bytes, c.group_size, intra_node) for c in calls)
+    return sum(c.count * collective_s(device, c.collective, c.size_bytes, c.group_size, intra_node, rails)
+               for c in calls)
 
 
 def gemm_efficiency(device: dict, width: float) -> float:
@@ -44,6 +49,15 @@ def gemm_efficiency(device: dict, width: float) -> float:
     half-performance form, gemm x width / (width + gemm_half_width). Narrow shards leave tensor cores
     idle (tile and wave quantisation, operand traffic)."""
     return device["gemm"] * width / (width + device.get("gemm_half_width", 0.0))
+
+
+def attention_rate(device: dict, plan: Plan, peak: float, gemm_s: float) -> float:
+    """FLOP/s of the attention core (scores and their product with V, counted whole as model FLOPs
+    count them): a fused kernel's own achieved share of peak where the catalog has one (it skips the
+    causal half, and its backward recomputes the scores), else the GEMM rate (eager attention's batched
+    matrix products)."""
+    fused = plan.attention in ("flash", "sdpa") and "flash_attention" in device
+    return peak * device["flash_attention"] if fused else gemm_s
 
 
 def layer_flops(model: ModelShape, plan: Plan, workload: Workload) -> tuple[float, float]:
@@ -68,33 +82,36 @@ def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict,
     layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
     gemm, core = layer_flops(model, plan, workload)
     passes = {"none": 3, "selective": 3, "full": 4}[plan.recompute]  # forward, backward (2x), recompute
-    flops = passes * gemm + passes * core + (core if plan.recompute == "selective" else 0)
+    core_flops = passes * core + (core if plan.recompute == "selective" else 0)
+    core_s = attention_rate(device, plan, peak, gemm_s)
     # Element-wise kernels (norms, GeLU, softmax, dropout, residual adds) move bytes in proportion to
     # what a layer stores; full recompute reruns all of them, selective the attention core's.
     stored = activation_layer_parts(model, plan, workload, recompute="none", dropout=dropout)
     rerun = {"none": 0.0, "selective": stored["attention_core"], "full": sum(stored.values())}[plan.recompute]
     elementwise = (sum(stored.values()) + rerun) * device["elementwise_passes"]
     tokens = plan.micro_batch * workload.seq_len / plan.cp
-    compute = layers * (flops / gemm_s + elementwise / hbm_s)
+    compute = layers * (passes * gemm / gemm_s + core_flops / core_s + elementwise / hbm_s)
     if rank == plan.pp - 1:
         compute += 3 * 2 * tokens * model.hidden_size * model.vocab_size / plan.tp / gemm_s
 
     per_node, hide = device["gpus_per_node"], device["overlap"]
     tp = calls_s(device, tp_calls(model, plan, workload, layers), True)
     ring = calls_s(device, cp_calls(model, plan, workload, layers), plan.tp * plan.cp <= per_node)
-    cp = max(0.0, ring - hide * CP_RING_PASSES_PER_LAYER * layers * core / gemm_s)  # overlapped with attention math
+    cp = max(0.0, ring - hide * CP_RING_PASSES_PER_LAYER * layers * core / core_s)  # overlapped with attention math
     ep = calls_s(device, ep_calls(model, plan, workload, layers), plan.tp * plan.ep <= per_node)
-    group, intra = _dp_group(plan, device)
+    group, intra, rails = _dp_group(plan, device)
     dense, experts = rank_parameters(model, plan, rank)
     sharded = [*micro_batch_sync(plan, dense, group), *micro_batch_sync(plan, experts, group // plan.ep)]
-    zero = max(0.0, calls_s(device, sharded, intra) - hide * compute)  # overlapped with the micro-batch
+    zero = max(0.0, calls_s(device, sharded, intra, rails) - hide * compute)  # overlapped with the micro-batch
     p2p = calls_s(device, pipeline_calls(model, plan, workload), plan.tp * plan.cp * plan.dp < per_node)
     return {"compute": compute, "tp_comm": tp, "cp_comm": cp, "ep_comm": ep, "zero_comm": zero, "pp_p2p": p2p}
 
 
-def _dp_group(plan: Plan, device: dict) -> tuple[int, bool]:
-    """The data-parallel (x context-parallel) group that shards and reduces: size, inside one node?"""
-    return plan.dp * plan.cp, plan.tp * plan.cp * plan.dp <= device["gpus_per_node"]
+def _dp_group(plan: Plan, device: dict) -> tuple[int, bool, int]:
+    """The data-parallel (x context-parallel) group that shards and reduces: its size, whether it fits
+    in one node, and how many of its ranks share each node (tensor ranks are innermost)."""
+    group, per_node = plan.dp * plan.cp, device["gpus_per_node"]
+    return group, plan.tp * group <= per_node, max(1, min(group, per_node // plan.tp))
 
 
 def gradient_sync_s(model: ModelShape, plan: Plan, device: dict, rank: int, backward_s: float) -> float:
@@ -102,9 +119,9 @@ def gradient_sync_s(model: ModelShape, plan: Plan, device: dict, rank: int, back
     reduce-scatter (ZeRO-1, Megatron's distributed optimizer) overlaps the last micro-batch's backward;
     the updated parameters' all-gather (ZeRO-1/2) is hidden by nothing."""
     calls = step_sync_calls(model, plan, rank)
-    _, intra = _dp_group(plan, device)
-    gathered = calls_s(device, [c for c in calls if c.collective == "all_gather"], intra)
-    overlapped = calls_s(device, [c for c in calls if c.collective != "all_gather"], intra)
+    _, intra, rails = _dp_group(plan, device)
+    gathered = calls_s(device, [c for c in calls if c.collective == "all_gather"], intra, rails)
+    overlapped = calls_s(device, [c for c in calls if c.collective != "all_gather"], intra, rails)
     return max(0.0, overlapped - device["overlap"] * backward_s) + gathered
 
 

@@ -8,6 +8,9 @@
 - planning_zero_ladder: the ZeRO rungs on one scenario's cluster, by the decision tree and by the
   full planner (activations included), each with why it fits or not.
 - planning_published: the published large-scale points, measured vs predicted.
+- planning_published_loo: Korthikanti et al.'s iteration times, each model predicted by efficiencies
+  fitted on the other three.
+- planning_published_fsdp: MosaicML's FSDP throughput on H100, calibration and held-out rows.
 - planning_crosscheck: the planner beside DeepSpeed's estimator and Megatron's formula.
 """
 
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.costs import crosscheck, published
+from shardlab.costs import calibration, crosscheck, published
+from shardlab.costs.hardware import memory_bytes
 from shardlab.costs.plan import Plan
 from shardlab.costs.planner import Scenario, known_models, model_shape, scenarios
 from shardlab.costs.predict import MEMORY_CATEGORIES, Prediction, evaluate
@@ -84,7 +88,7 @@ def zero_ladder_rows(s: Scenario, micro_batch: int) -> list[dict]:
     (model states only, 25 % headroom) beside the full planner's (activations included)."""
     device = s.cluster.device
     ladder = deepspeed_ladder()
-    tree = {r["rung"]: r for r in feasibility(ladder, s.model.parameters(), s.cluster.gpus, device["hbm_gb"] * GB)}
+    tree = {r["rung"]: r for r in feasibility(ladder, s.model.parameters(), s.cluster.gpus, memory_bytes(device))}
     rows = []
     for rung, facts in ladder.items():
         plan = Plan(**{**data_parallel_plan(facts, s.cluster.gpus, "bf16", "adamw").as_dict(), "micro_batch": micro_batch})
@@ -151,6 +155,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     out["planning_zero_ladder"] = zero_ladder_rows(found[ladder["scenario"]], ladder["micro_batch"]) if ladder else []
     out["planning_published"] = published.rows()
     out["planning_published_summary"] = published_summary(out["planning_published"])
+    out["planning_published_loo"] = calibration.megatron_leave_one_out()
+    out["planning_published_fsdp"] = published.fsdp_rows()
     out["planning_reported_mfu"] = reported_mfu_rows(found, out.get("planning_scenarios", []))
     out["planning_crosscheck"] = crosscheck.rows({name: model_shape(name) for name in known_models()})
     return {name: pd.DataFrame(rows, columns=COLUMNS.get(name)) for name, rows in out.items()}
