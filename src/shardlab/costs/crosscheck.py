@@ -97,8 +97,9 @@ def megatron_rows(name: str, model: ModelShape, plan: Plan, workload: Workload) 
         rows.append(_row(f"{name}, {p.label()}", "weights + optimizer, first stage",
                          "Megatron formula" + (" (distributed optimizer)" if distributed else ""), theirs, ours,
                          "same 18 (or 6 + 12/dp) bytes per parameter; Megatron counts 2h(ffn + 2) + attention "
-                         "per layer (no biases), the planner the exact tensors, and gives the first stage the "
-                         "larger share of an uneven layer split"))
+                         "per layer (no biases), the planner the exact tensors; where layers do not split evenly "
+                         "the planner's first stage gives one layer's slot to the embedding, the formula "
+                         "spreads layers fractionally"))
     m = workload.global_batch // (plan.dp * plan.micro_batch)
     selective = Plan(**{**plan.as_dict(), "sp": True, "recompute": "selective", "framework": "megatron"})
     ours = rank_memory.activation_bytes(model, selective, workload, 0)
