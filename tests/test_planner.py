@@ -233,16 +233,26 @@ def test_megatron_leave_one_model_out_within_five_percent():
 
 
 def test_fsdp_h100_held_out_rows():
-    """The Hopper efficiencies, fitted on the calibration models' rows, on the rows held out: the mean
-    error goal (10 %) is met; the worst row is reported (22 % today, the goal is 20 %)."""
+    """The Hopper efficiencies, fitted on the calibration models' rows, on the rows held out: mean
+    error within 10 %, every row within 20 %."""
     summary = published.split_summary(published.fsdp_rows())
     assert summary["held_out"]["n"] == 8 and summary["calibration"]["n"] == 10
-    assert summary["held_out"]["mean"] <= 10.0, summary
+    assert summary["held_out"]["mean"] <= 10.0 and summary["held_out"]["worst"] <= 20.0, summary
+
+
+def test_fitting_the_hopper_efficiencies_reproduces_the_catalog():
+    """The catalog's Hopper efficiencies are what the calibration finds on the calibration rows."""
+    from shardlab.costs import calibration
+    from shardlab.costs.hardware import by_name
+
+    _, fitted = calibration.fit_fsdp()
+    device = by_name(published.reference()["fsdp_h100"]["accelerator"])
+    assert fitted == {name: device[name] for name in fitted}
 
 
 def test_fsdp_comparison_can_fail():
     """A100-era efficiencies on the H100 rows miss by far more than the goal."""
-    summary = published.split_summary(published.fsdp_rows({"gemm": 0.82, "elementwise_passes": 0.5}))
+    summary = published.split_summary(published.fsdp_rows({"gemm": 0.82, "gemm_half_tokens": 0, "elementwise_passes": 0.5}))
     assert summary["held_out"]["mean"] > 20.0, summary
 
 

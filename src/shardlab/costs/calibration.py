@@ -30,8 +30,9 @@ A100_GRID = {
     "link": [0.4, 0.5, 0.6, 0.7, 0.8],
 }
 H100_GRID = {
-    "gemm": [round(0.40 + 0.02 * k, 2) for k in range(26)],
+    "gemm": [round(0.40 + 0.02 * k, 2) for k in range(28)],
     "gemm_half_width": [0, 100, 200, 300, 400, 600, 800, 1000, 1500],
+    "gemm_half_tokens": [0, 256, 512, 1024, 2048, 4096, 8192],
     "flash_attention": [round(0.15 + 0.05 * k, 2) for k in range(13)],
     "elementwise_passes": [0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8],
     "link": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],

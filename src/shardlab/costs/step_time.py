@@ -44,11 +44,14 @@ def calls_s(device: dict, calls: list[Call], intra_node: bool, rails: int = 1) -
                for c in calls)
 
 
-def gemm_efficiency(device: dict, width: float) -> float:
-    """Achieved/peak GEMM throughput at a per-rank matrix width (hidden / tp): Hockney's
-    half-performance form, gemm x width / (width + gemm_half_width). Narrow shards leave tensor cores
-    idle (tile and wave quantisation, operand traffic)."""
-    return device["gemm"] * width / (width + device.get("gemm_half_width", 0.0))
+def gemm_efficiency(device: dict, width: float, tokens: float) -> float:
+    """Achieved/peak GEMM throughput at a per-rank matrix width (hidden / tp) and a micro-batch of
+    `tokens`: Hockney's half-performance form in each, gemm x width / (width + gemm_half_width) x
+    tokens / (tokens + gemm_half_tokens). Narrow shards leave tensor cores idle (tile and wave
+    quantisation, operand traffic); small micro-batches pay the per-kernel and per-module costs
+    (launches, framework hooks) on less work."""
+    half_width, half_tokens = device.get("gemm_half_width", 0.0), device.get("gemm_half_tokens", 0.0)
+    return device["gemm"] * width / (width + half_width) * tokens / (tokens + half_tokens)
 
 
 def attention_rate(device: dict, plan: Plan, peak: float, gemm_s: float) -> float:
@@ -78,7 +81,9 @@ def layer_flops(model: ModelShape, plan: Plan, workload: Workload) -> tuple[floa
 def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict, rank: int, dropout: bool) -> dict:
     """Seconds of pipeline rank `rank` per micro-batch, by component (forward + backward)."""
     peak = device["fp32_tflops" if plan.dtype == "fp32" else "bf16_tflops"] * 1e12
-    gemm_s, hbm_s = peak * gemm_efficiency(device, model.hidden_size / plan.tp), device["hbm_tbps"] * 1e12 * device["hbm"]
+    tokens = plan.micro_batch * workload.seq_len / plan.cp
+    gemm_s = peak * gemm_efficiency(device, model.hidden_size / plan.tp, tokens)
+    hbm_s = device["hbm_tbps"] * 1e12 * device["hbm"]
     layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
     gemm, core = layer_flops(model, plan, workload)
     passes = {"none": 3, "selective": 3, "full": 4}[plan.recompute]  # forward, backward (2x), recompute
@@ -89,7 +94,6 @@ def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict,
     stored = activation_layer_parts(model, plan, workload, recompute="none", dropout=dropout)
     rerun = {"none": 0.0, "selective": stored["attention_core"], "full": sum(stored.values())}[plan.recompute]
     elementwise = (sum(stored.values()) + rerun) * device["elementwise_passes"]
-    tokens = plan.micro_batch * workload.seq_len / plan.cp
     compute = layers * (passes * gemm / gemm_s + core_flops / core_s + elementwise / hbm_s)
     if rank == plan.pp - 1:
         compute += 3 * 2 * tokens * model.hidden_size * model.vocab_size / plan.tp / gemm_s
