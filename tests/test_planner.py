@@ -261,3 +261,12 @@ def test_fsdp2_gathers_in_the_compute_dtype_and_reduces_in_fp32():
 
     plan = Plan(dp=8, zero=3, framework="fsdp2", dtype="bf16")
     assert (parameter_bytes(plan), gradient_bytes(plan)) == (2, 4)
+
+
+def test_zero3_step_time_changes_with_recompute():
+    """Hopper hides three quarters of the compute time's worth of ZeRO-3 gathers, not all of it, so a
+    recomputed forward lengthens even a communication-heavy step."""
+    model, cluster, workload = model_shape("gpt3-175b"), Cluster(H100, 8), Workload(256, 2048)
+    steps = {rc: evaluate(model, Plan(dp=64, zero=3, micro_batch=1, recompute=rc), cluster, workload).step_s
+             for rc in ("none", "selective", "full")}
+    assert steps["none"] < steps["full"] and len(set(steps.values())) == 3, steps
