@@ -27,7 +27,7 @@ def main() -> None:
           f"worst {max(abs(r['error_pct']) for r in held):.2f} %")
     error, fitted = calibration.fit_fsdp()
     print(f"H100 FSDP, calibration rows: mean {error:.2f} % with {fitted}")
-    for split, summary in published.split_summary(published.fsdp_rows(fitted)).items():
+    for split, summary in published.summary(published.fsdp_rows(fitted), by="split").items():
         print(f"  {split}: mean {summary['mean']:.2f} %, worst {summary['worst']:.2f} % over {summary['n']} rows")
 
 

@@ -235,7 +235,7 @@ def test_megatron_leave_one_model_out_within_five_percent():
 def test_fsdp_h100_held_out_rows():
     """The Hopper efficiencies, fitted on the calibration models' rows, on the rows held out: mean
     error within 10 %, every row within 20 %."""
-    summary = published.split_summary(published.fsdp_rows())
+    summary = published.summary(published.fsdp_rows(), by="split")
     assert summary["held_out"]["n"] == 8 and summary["calibration"]["n"] == 10
     assert summary["held_out"]["mean"] <= 10.0 and summary["held_out"]["worst"] <= 20.0, summary
 
@@ -252,7 +252,8 @@ def test_fitting_the_hopper_efficiencies_reproduces_the_catalog():
 
 def test_fsdp_comparison_can_fail():
     """A100-era efficiencies on the H100 rows miss by far more than the goal."""
-    summary = published.split_summary(published.fsdp_rows({"gemm": 0.82, "gemm_half_tokens": 0, "elementwise_passes": 0.5}))
+    a100_era = {"gemm": 0.82, "gemm_half_tokens": 0, "elementwise_passes": 0.5}
+    summary = published.summary(published.fsdp_rows(a100_era), by="split")
     assert summary["held_out"]["mean"] > 20.0, summary
 
 

@@ -71,12 +71,12 @@ def _row(point: dict, quantity: str, mode: str, published: float, predicted: flo
             "predicted": predicted, "error_pct": 100 * (predicted - published) / published, "bottleneck": bottleneck}
 
 
-def summary(table: list[dict]) -> dict:
-    """Mean and worst absolute error (%) per quantity."""
+def summary(table: list[dict], by: str = "quantity") -> dict:
+    """Mean and worst absolute error (%) per value of the column `by` (a quantity, a split)."""
     out = {}
-    for quantity in dict.fromkeys(r["quantity"] for r in table):
-        errors = [abs(r["error_pct"]) for r in table if r["quantity"] == quantity]
-        out[quantity] = {"mean": sum(errors) / len(errors), "worst": max(errors), "n": len(errors)}
+    for key in dict.fromkeys(r[by] for r in table):
+        errors = [abs(r["error_pct"]) for r in table if r[by] == key]
+        out[key] = {"mean": sum(errors) / len(errors), "worst": max(errors), "n": len(errors)}
     return out
 
 
@@ -122,11 +122,3 @@ def fsdp_rows(overrides: dict | None = None) -> list[dict]:
                     "fits": pred.fits, "memory_gb": pred.device_bytes / 1e9, "bottleneck": pred.bottleneck})
     return out
 
-
-def split_summary(table: list[dict]) -> dict:
-    """Mean and worst absolute error (%) per split."""
-    out = {}
-    for split in dict.fromkeys(r["split"] for r in table):
-        errors = [abs(r["error_pct"]) for r in table if r["split"] == split]
-        out[split] = {"mean": sum(errors) / len(errors), "worst": max(errors), "n": len(errors)}
-    return out
