@@ -36,6 +36,18 @@ def training_flops_per_token(parameters: int, num_layers: int, hidden_size: int,
     return 6 * parameters + 12 * num_layers * hidden_size * seq_len
 
 
+def recomputed_flops_per_token(parameters: int, num_layers: int, hidden_size: int, seq_len: int,
+                               recompute: str) -> float:
+    """Forward FLOPs per token that activation recompute ('none', 'selective', 'full') runs again,
+    which hardware FLOPs utilisation (HFU) and Megatron's TFLOP/s per GPU count and MFU does not:
+    full recompute the whole forward (2 per parameter, so 8 instead of 6), selective only attention's
+    score and value products (4 x layers x hidden x seq_len; Korthikanti et al. 2022)."""
+    attention_core = 4 * num_layers * hidden_size * seq_len
+    if recompute == "full":
+        return 2 * parameters + attention_core
+    return attention_core if recompute == "selective" else 0.0
+
+
 def memory_bytes(device: dict) -> float:
     """A device's memory in bytes: vendors' "GB" of HBM are binary (an "80GB" H100 shows 81,559 MiB)."""
     return device["hbm_gb"] * 2**30

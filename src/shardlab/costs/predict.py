@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass
 from shardlab.costs import sharded_states
 from shardlab.costs.bubble import theory_bubble_ratio
 from shardlab.costs.comm_volume import Call, step_calls
-from shardlab.costs.flops import recomputed_flops_per_token
-from shardlab.costs.hardware import memory_bytes, training_flops_per_token
+from shardlab.costs.hardware import memory_bytes, recomputed_flops_per_token, training_flops_per_token
 from shardlab.costs.plan import Cluster, Plan, Workload, micro_batches, rejection
 from shardlab.costs.rank_memory import (USABLE_MEMORY, activation_bytes, comm_buffer_bytes, embedding_gradient_bytes,
                                         layer_parameters_on_rank, model_states, rank_parameters)
@@ -144,10 +143,10 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
     step = sum(time.values())
     tokens = workload.global_batch * workload.seq_len
     peak = device["fp32_tflops" if plan.dtype == "fp32" else "bf16_tflops"] * 1e12
-    model_flops = training_flops_per_token(model.active_parameters(), model.num_layers, model.hidden_size,
-                                           workload.seq_len) * tokens
+    shape = (model.active_parameters(), model.num_layers, model.hidden_size, workload.seq_len)
+    model_flops = training_flops_per_token(*shape) * tokens
     mfu = model_flops / (step * plan.world * peak)
-    hardware_flops = model_flops + recomputed_flops_per_token(model, plan.recompute, workload.seq_len) * tokens
+    hardware_flops = model_flops + recomputed_flops_per_token(*shape, plan.recompute) * tokens
     hfu = hardware_flops / (step * plan.world * peak)
     tflops_per_gpu = hardware_flops / (step * plan.world) / 1e12
     return Prediction(plan, memory_out, device_total, capacity, fits, time, step, tokens / step, mfu,
