@@ -14,7 +14,7 @@ PLANNING_TABLES = table_files(
     "planning_published_loo",
     "planning_published_fsdp",
     "planning_crosscheck",
-    "planning_reported_mfu",
+    "planning_published_llama3",
 )
 
 

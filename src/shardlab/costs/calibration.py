@@ -10,8 +10,12 @@ value kept, until a round improves nothing): no free-form parameters, nothing pe
 - A100 (Megatron, Korthikanti et al. 2022 Table 5): the shared efficiencies are fitted on all eight
   iteration times; their accuracy is the leave-one-model-out error (fit on three models, predict
   the fourth).
-- H100 (PyTorch FSDP, MosaicML's MPT benchmarks): the Hopper efficiencies are fitted on the rows of
-  the set's `calibration_models`; their accuracy is the error on the other rows.
+- H100: the Hopper efficiencies are fitted on two sources at once, each weighing half: MosaicML's MPT
+  benchmarks (PyTorch FSDP, the rows of the set's `calibration_models`) and one of Llama 3 405B's
+  three reported configurations (Meta's 4D parallelism at 8K sequence on 8,192 GPUs). Their accuracy
+  is the error on the rest: the other MPT models, and Llama 3 at 16,384 GPUs with 8K and 128K
+  sequences. One source alone does not identify them: MPT's narrow matrices and short sequences
+  cannot tell a GEMM's rate on Llama's wide shards, nor the attention kernel's on long rows.
 
 `python scripts/calibrate-planner.py` runs both fits and prints the values to write into the catalog.
 """
@@ -25,17 +29,20 @@ from shardlab.costs import published
 
 A100_GRID = {
     "gemm": [round(0.70 + 0.02 * k, 2) for k in range(13)],
-    "gemm_half_width": [0, 100, 200, 300, 400, 600],
+    "gemm_half_width": [0, 100, 200, 300, 400, 600, 800, 1000, 1500],
     "elementwise_passes": [0.5, 1, 2, 3],
-    "link": [0.4, 0.5, 0.6, 0.7, 0.8],
+    "link_intra_node": [0.4, 0.5, 0.6, 0.7, 0.8],
+    "link_inter_node": [0.4, 0.5, 0.6, 0.7, 0.8],
 }
 H100_GRID = {
     "gemm": [round(0.40 + 0.02 * k, 2) for k in range(28)],
     "gemm_half_width": [0, 100, 200, 300, 400, 600, 800, 1000, 1500],
     "gemm_half_tokens": [0, 256, 512, 1024, 2048, 4096, 8192],
     "flash_attention": [round(0.15 + 0.05 * k, 2) for k in range(13)],
+    "flash_attention_half_keys": [0, 256, 512, 1024, 2048, 4096],
     "elementwise_passes": [0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8],
-    "link": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+    "link_intra_node": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+    "link_inter_node": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
     "overlap": [0.0, 0.25, 0.5, 0.75, 0.9, 1.0],
 }
 MAX_ROUNDS = 8
@@ -87,8 +94,17 @@ def megatron_leave_one_out() -> list[dict]:
     return out
 
 
-# --- H100: MosaicML's FSDP benchmarks ---------------------------------------------------------------
-def fit_fsdp() -> tuple[float, dict]:
-    """The H100 efficiencies that best predict the calibration rows (mean absolute error, %)."""
-    loss = lambda o: mean(abs(r["error_pct"]) for r in published.fsdp_rows(o) if r["split"] == "calibration")  # noqa: E731
-    return coordinate_descent(loss, H100_GRID, _start(H100_GRID))
+# --- H100: MosaicML's FSDP benchmarks and Llama 3 405B ---------------------------------------------
+HOPPER_SOURCES = {"fsdp_h100": published.fsdp_rows, "llama3_405b": published.llama3_rows}
+
+
+def hopper_loss(overrides: dict) -> float:
+    """Mean over the Hopper sources of each source's mean absolute error (%) on its calibration rows:
+    each published source weighs the same, however many rows it has."""
+    return mean(mean(abs(r["error_pct"]) for r in rows(overrides) if r["split"] == "calibration")
+                for rows in HOPPER_SOURCES.values())
+
+
+def fit_hopper() -> tuple[float, dict]:
+    """The H100 efficiencies that best predict both sources' calibration rows (`hopper_loss`)."""
+    return coordinate_descent(hopper_loss, H100_GRID, _start(H100_GRID))

@@ -96,10 +96,10 @@ class Prediction:
 
 
 def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload, dropout: bool = False,
-             with_time: bool = True, device: dict | None = None) -> Prediction | str:
+             with_time: bool = True, device: dict | None = None, time_only_if_fits: bool = False) -> Prediction | str:
     """The prediction for `plan`, or the reason it cannot run (a string). With `device` (the
     cluster's `device_figures()`), the caller has already checked `plan.rejection` (the search);
-    `with_time=False`: memory only."""
+    `with_time=False`: memory only; `time_only_if_fits`: memory only for a plan that does not fit."""
     if device is None:
         reason = rejection(model, plan, cluster, workload)
         if reason:
@@ -126,7 +126,7 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
         f"out of memory: {device_total / 1e9:.1f} GB per device > {capacity / 1e9:.1f} GB usable"
         if device_total > capacity else f"host memory: {host_needed / 1e9:.0f} GB offloaded per node")
     memory_out = dict(mem, host_bytes=states.offloaded_bytes)
-    if not with_time:
+    if not with_time or (time_only_if_fits and not fits):
         return Prediction(plan, memory_out, device_total, capacity, fits, {}, float("nan"), float("nan"),
                           float("nan"), "", why, float("nan"), float("nan"))
 

@@ -1,6 +1,9 @@
-"""The planner against published large-scale measurements (`published.yaml`: Korthikanti et al.
-2022's eight iteration times and sixteen memory values), with ONE hardware description for every
-point (the catalog's A100 entry and shared efficiencies): nothing is fitted per point.
+"""The planner against published large-scale measurements (`published.yaml`), with ONE hardware
+description per accelerator for every point: nothing is fitted per point.
+
+- Korthikanti et al. 2022 (A100, Megatron): eight iteration times and sixteen memory values.
+- MosaicML's MPT benchmarks (H100, PyTorch FSDP): tokens per second per GPU, 760M-70B, 8-64 GPUs.
+- Llama 3 405B (H100, Meta's 4D parallelism): MFU of three reported configurations.
 
 Like for like: the paper's Figure 1 counts the transformer layers of the first pipeline stage
 only (12h^2 parameters per layer at 18 bytes: fp16 weights, fp32 gradients, fp32 master copy and
@@ -15,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from shardlab.costs import predict, rank_memory
-from shardlab.costs.plan import Cluster, Plan, Workload
+from shardlab.costs.plan import Cluster, Plan, Workload, rejection
+from shardlab.costs.search import Space, candidates, rank_key
 from shardlab.costs.shapes import ModelShape
 
 POINTS = Path(__file__).with_name("published.yaml")
@@ -122,3 +126,71 @@ def fsdp_rows(overrides: dict | None = None) -> list[dict]:
                     "fits": pred.fits, "memory_gb": pred.device_bytes / 1e9, "bottleneck": pred.bottleneck})
     return out
 
+
+
+# --- Llama 3 405B on H100 (Meta's 4D parallelism): one calibration row, two held out -----------------
+def llama3_setting(config: dict) -> tuple[ModelShape, Cluster, Workload, Space]:
+    """The model, the H100 nodes, the 16M-token batch and the plans Meta's description leaves open
+    (`choices`) of one reported configuration, its degrees fixed."""
+    from shardlab.costs.planner import model_shape  # the CLI module; imported where used
+
+    ref = reference()["llama3_405b"]
+    choices = ref["choices"]
+    space = Space(tp=(config["tp"],), pp=(config["pp"],), dp=(config["dp"],), cp=(config["cp"],),
+                  schedule=tuple(choices["schedule"]), virtual_stages=tuple(choices["virtual_stages"]),
+                  micro_batch=tuple(choices["micro_batch"]), shardings=tuple(map(tuple, choices["shardings"])))
+    workload = Workload(ref["tokens_per_batch"] // config["seq_len"], config["seq_len"])
+    return model_shape(ref["model"]), Cluster(ref["accelerator"], nodes=config["gpus"] // 8), workload, space
+
+
+@lru_cache(maxsize=8)
+def _llama3_fitting(index: int) -> tuple[Plan, ...]:
+    """The plans of configuration `index` that fit in memory (efficiencies do not change memory, so a
+    calibration re-times these and nothing else)."""
+    model, cluster, workload, space = llama3_setting(reference()["llama3_405b"]["configurations"][index])
+    return tuple(p for p in candidates(model, cluster, workload, space)
+                 if rejection(model, p, cluster, workload) is None
+                 and predict.evaluate(model, p, cluster, workload, with_time=False).fits)
+
+
+def llama3_rows(overrides: dict | None = None) -> list[dict]:
+    """One row per reported configuration: reported and predicted MFU of the planner's best plan
+    within the configuration's degrees, the error, and the split."""
+    ref = reference()["llama3_405b"]
+    out = []
+    for index, config in enumerate(ref["configurations"]):
+        model, cluster, workload, _ = llama3_setting(config)
+        if overrides:
+            cluster = Cluster(cluster.accelerator, cluster.nodes, overrides=overrides)
+        device = cluster.device_figures()
+        predictions = [predict.evaluate(model, p, cluster, workload, device=device) for p in _llama3_fitting(index)]
+        best = min(predictions, key=rank_key) if predictions else None
+        mfu = 100 * best.mfu if best else float("nan")
+        out.append({"gpus": config["gpus"], "tp": config["tp"], "cp": config["cp"], "pp": config["pp"],
+                    "dp": config["dp"], "seq_len": config["seq_len"], "split": config["split"],
+                    "published": config["mfu_pct"], "predicted": mfu,
+                    "error_pct": 100 * (mfu - config["mfu_pct"]) / config["mfu_pct"],
+                    "published_tflops_per_gpu": config["tflops_per_gpu"],
+                    "predicted_tflops_per_gpu": best.tflops_per_gpu if best else float("nan"),
+                    "best_plan": best.plan.label() if best else "no plan fits",
+                    "bottleneck": best.bottleneck if best else ""})
+    return _rank_and_band(out)
+
+
+def llama3_agreement(rows: list[dict]) -> dict:
+    """Whether every prediction lands in the reported band and in the reported order (`llama3_rows`'
+    columns), and the held-out rows' worst error."""
+    held_out = [abs(r["error_pct"]) for r in rows if r["split"] == "held_out"]
+    return {"in_band": all(r["in_reported_band"] for r in rows),
+            "in_order": all(r["predicted_rank"] == r["reported_rank"] for r in rows),
+            "held_out_worst_pct": max(held_out) if held_out else float("nan")}
+
+
+def _rank_and_band(rows: list[dict]) -> list[dict]:
+    """Each row's rank by reported and by predicted MFU (1 = highest), and whether its prediction lies
+    in the reported band (Meta reports whole percents, so a prediction counts at that precision)."""
+    low, high = min(r["published"] for r in rows), max(r["published"] for r in rows)
+    ranks = lambda key: {id(r): k + 1 for k, r in enumerate(sorted(rows, key=lambda r: -r[key]))}  # noqa: E731
+    by_reported, by_predicted = ranks("published"), ranks("predicted")
+    return [{**r, "reported_rank": by_reported[id(r)], "predicted_rank": by_predicted[id(r)],
+             "in_reported_band": low <= round(r["predicted"]) <= high} for r in rows]

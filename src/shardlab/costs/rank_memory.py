@@ -17,7 +17,11 @@ from shardlab.costs.plan import Plan, Workload, micro_batches
 from shardlab.costs.shapes import EMBED, HEAD, ModelShape, stage_units
 
 USABLE_MEMORY = 0.92  # of HBM: CUDA context (~0.5-1 GB) and allocator fragmentation take the rest
-ZERO3_PREFETCH_LAYERS = 2  # layers of gathered parameters ZeRO-3/FSDP hold at once (current + prefetch)
+ZERO3_PREFETCH_LAYERS = 2  # layers of gathered parameters FSDP2 holds at once (the running block + the prefetched one)
+# DeepSpeed ZeRO-3 bounds what it holds gathered by parameter count instead (its defaults, deepspeed/runtime/zero/
+# config.py): at most stage3_max_live_parameters, though the module running is always whole, plus the prefetch bucket.
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1e9
+DEEPSPEED_PREFETCH_BUCKET_PARAMETERS = 5e7
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "comm_buffers")
 
 
@@ -147,8 +151,9 @@ def rank_chunks(n_layers: int, pp: int, v: int, rank: int) -> tuple[tuple[int, b
 
 @lru_cache(maxsize=65536)
 def live_micro_batches(schedule: str, p: int, v: int, m: int, rank: int) -> tuple[tuple[int, ...], ...]:
-    """The distinct states, right after each forward, of how many micro-batches each of the rank's v
-    chunks holds for backward, in the order torch.distributed.pipelining runs them: GPipe all m; 1F1B
+    """The states, right after each forward, of how many micro-batches each of the rank's v chunks
+    holds for backward (those no other state holds at least as many of in every chunk: only they can
+    be the peak), in the order torch.distributed.pipelining runs them: GPipe all m; 1F1B
     p - rank (warm-up p - 1 - rank forwards, then one forward, one backward); interleaved 1F1B
     (v - 1) x (micro-batches per round) + 2 (p - 1 - rank) warm-up forwards cycling over the chunks,
     backwards in the reverse chunk order (Narayanan et al. 2021: the first rank holds about
@@ -165,7 +170,7 @@ def live_micro_batches(schedule: str, p: int, v: int, m: int, rank: int) -> tupl
         seen.add(tuple(live))
         if op >= warmup:
             live[v - 1 - ((op - warmup) // per_round) % v] -= 1
-    return tuple(seen)
+    return tuple(s for s in seen if not any(o != s and all(a >= b for a, b in zip(o, s)) for o in seen))
 
 
 def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
@@ -221,13 +226,25 @@ def edge_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, emb
     return out
 
 
+def zero3_gathered_parameters(model: ModelShape, plan: Plan, layer_params: float) -> float:
+    """Parameters ZeRO-3 holds gathered at once: FSDP2 two transformer blocks; DeepSpeed at most its
+    live-parameter limit (or the largest matrix, which it gathers whole) plus a prefetch bucket, and
+    never more than the two blocks."""
+    blocks = ZERO3_PREFETCH_LAYERS * layer_params
+    if plan.framework != "deepspeed":
+        return blocks
+    h = model.hidden_size
+    largest = h * max(model.expert_intermediate or model.intermediate_size, h + 2 * model.kv_width) / plan.tp
+    return min(blocks, max(DEEPSPEED_MAX_LIVE_PARAMETERS, largest) + DEEPSPEED_PREFETCH_BUCKET_PARAMETERS)
+
+
 def comm_buffer_bytes(model: ModelShape, plan: Plan, workload: Workload, layer_params: float) -> float:
     """Transient buffers: ZeRO-3's gathered layers, SP's gathered layer input, pipeline send/receive."""
     tokens = plan.micro_batch * workload.seq_len / plan.cp
     act = tokens * model.hidden_size * plan.value_bytes
     out = 0.0
     if plan.zero == 3:
-        out += ZERO3_PREFETCH_LAYERS * layer_params * (4 if plan.dtype == "fp32" else 2)
+        out += zero3_gathered_parameters(model, plan, layer_params) * (4 if plan.dtype == "fp32" else 2)
     if plan.sp:
         out += act
     if plan.pp > 1:

@@ -182,17 +182,16 @@ def search(model: ModelShape, cluster: Cluster, workload: Workload, top: int = 1
         result.candidates += 1
         reason = rejection(model, plan, cluster, workload)
         if reason is None:
-            memory_only = evaluate(model, plan, cluster, workload, dropout, with_time=False, device=device)
-            reason = None if memory_only.fits else memory_only.why
+            prediction = evaluate(model, plan, cluster, workload, dropout, device=device, time_only_if_fits=True)
+            reason = None if prediction.fits else prediction.why
         if reason is not None:
             kind = reason_kind(reason)
             result.rejected[kind] += 1
             if kind not in result.examples:
                 result.examples[kind] = f"{plan.label()}: {reason}"
             continue
-        fitting.append(plan)
-    predictions = [evaluate(model, plan, cluster, workload, dropout, device=device) for plan in fitting]
-    result.ranked = sorted(predictions, key=rank_key)[:top]
+        fitting.append(prediction)
+    result.ranked = sorted(fitting, key=rank_key)[:top]
     result.fitting = len(fitting)
     result.seconds = time.perf_counter() - start
     return result

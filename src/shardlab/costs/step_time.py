@@ -31,11 +31,13 @@ def collective_s(device: dict, collective: str, size_bytes: float, group: int, i
     if fitted is not None:
         return fitted.seconds_for(collective, size_bytes, group)
     if intra_node:
-        beta, alpha = device["nvlink_gbps"] / 2 * 1e9, device["intra_node_latency_us"] * 1e-6  # per direction
+        beta = device["nvlink_gbps"] / 2 * 1e9 * device["link_intra_node"]  # per direction
+        alpha = device["intra_node_latency_us"] * 1e-6
     else:
-        beta = min(device["network_gbps"] * rails, device["nvlink_gbps"] / 2) * 1e9
+        beta = min(device["network_gbps"] * rails * device["link_inter_node"],
+                   device["nvlink_gbps"] / 2 * device["link_intra_node"]) * 1e9
         alpha = device["inter_node_latency_us"] * 1e-6
-    return alpha + size_bytes * bus_factor(collective, group) / (beta * device["link"])
+    return alpha + size_bytes * bus_factor(collective, group) / beta
 
 
 def calls_s(device: dict, calls: list[Call], intra_node: bool, rails: int = 1) -> float:
@@ -45,58 +47,81 @@ def calls_s(device: dict, calls: list[Call], intra_node: bool, rails: int = 1) -
 
 
 def gemm_efficiency(device: dict, width: float, tokens: float) -> float:
-    """Achieved/peak GEMM throughput at a per-rank matrix width (hidden / tp) and a micro-batch of
-    `tokens`: Hockney's half-performance form in each, gemm x width / (width + gemm_half_width) x
-    tokens / (tokens + gemm_half_tokens). Narrow shards leave tensor cores idle (tile and wave
-    quantisation, operand traffic); small micro-batches pay the per-kernel and per-module costs
-    (launches, framework hooks) on less work."""
+    """Achieved/peak throughput of a GEMM whose weight shard's narrower side is `width`, on a
+    micro-batch of `tokens`: Hockney's half-performance form in each, gemm x width / (width +
+    gemm_half_width) x tokens / (tokens + gemm_half_tokens). Narrow shards leave tensor cores idle
+    (tile and wave quantisation, operand traffic); small micro-batches pay the per-kernel and
+    per-module costs (launches, framework hooks) on less work."""
     half_width, half_tokens = device.get("gemm_half_width", 0.0), device.get("gemm_half_tokens", 0.0)
     return device["gemm"] * width / (width + half_width) * tokens / (tokens + half_tokens)
 
 
-def attention_rate(device: dict, plan: Plan, peak: float, gemm_s: float) -> float:
+def layer_gemms(model: ModelShape, plan: Plan, workload: Workload) -> list[tuple[float, float]]:
+    """(forward FLOPs, narrower side of the weight shard) of each GEMM of one layer, one micro-batch,
+    one rank. Tensor parallelism splits the output side of column-parallel matrices (QKV, MLP up and
+    gate) and the input side of row-parallel ones (attention output, MLP down), so under TP8 a
+    Llama-3-405B layer multiplies by 16384 x 2304 and 2048 x 16384 attention shards but 16384 x 6656
+    MLP shards: most of its FLOPs stay on wide matrices."""
+    h, t, kv = model.hidden_size, plan.tp, model.kv_width
+    tokens = plan.micro_batch * workload.seq_len / plan.cp
+    width = model.expert_intermediate or model.intermediate_size
+    copies = model.top_k if model.num_experts else 1  # a token passes through top_k experts
+    shards = [(h, (h + 2 * kv) / t, 1), (h / t, h, 1),  # QKV, attention output
+              (h, width / t, copies * (model.mlp_matrices - 1)), (width / t, h, copies)]  # up (and gate), down
+    if model.num_experts:
+        shards.append((h, model.num_experts, 1))  # the router, not split
+    return [(2 * tokens * rows * cols * count, min(rows, cols)) for rows, cols, count in shards]
+
+
+def attention_core_flops(model: ModelShape, plan: Plan, workload: Workload) -> float:
+    """Forward FLOPs of one layer's attention core (scores and their product with V), one micro-batch,
+    one rank: the full score matrix, as model FLOPs count it (MFU)."""
+    tokens = plan.micro_batch * workload.seq_len / plan.cp
+    return 4 * tokens * workload.seq_len * model.hidden_size / plan.tp
+
+
+def gemm_seconds(device: dict, peak: float, gemms: list[tuple[float, float]], tokens: float) -> float:
+    """Seconds of `gemms` ((FLOPs, width) pairs), each at its own shape's achieved rate."""
+    return sum(flops / (peak * gemm_efficiency(device, width, tokens)) for flops, width in gemms)
+
+
+def attention_rate(device: dict, plan: Plan, workload: Workload, peak: float, gemm_s: float) -> float:
     """FLOP/s of the attention core (scores and their product with V, counted whole as model FLOPs
     count them): a fused kernel's own achieved share of peak where the catalog has one (it skips the
     causal half, and its backward recomputes the scores), else the GEMM rate (eager attention's batched
-    matrix products)."""
-    fused = plan.attention in ("flash", "sdpa") and "flash_attention" in device
-    return peak * device["flash_attention"] if fused else gemm_s
-
-
-def layer_flops(model: ModelShape, plan: Plan, workload: Workload) -> tuple[float, float]:
-    """(GEMM, attention-core) forward FLOPs of one layer, one micro-batch, one rank."""
-    h, t = model.hidden_size, plan.tp
-    tokens = plan.micro_batch * workload.seq_len / plan.cp
-    width = model.expert_intermediate or model.intermediate_size
-    attention_linear = h * (h + 2 * model.kv_width) + h * h
-    if model.num_experts:
-        mlp = model.top_k * model.mlp_matrices * h * width + h * model.num_experts * t  # router not split
-    else:
-        mlp = model.mlp_matrices * h * model.intermediate_size
-    gemm = 2 * tokens * (attention_linear + mlp) / t
-    core = 4 * tokens * workload.seq_len * h / t  # the full score matrix, as model FLOPs count it (MFU)
-    return gemm, core
+    matrix products). A fused kernel's rate halves at `flash_attention_half_keys` keys per call
+    (Hockney again): short rows leave its inner loop little work per loaded query tile, and the causal
+    diagonal's partly masked tiles are a larger share. A context-parallel ring calls it on seq / cp
+    keys at a time."""
+    if not (plan.attention in ("flash", "sdpa") and "flash_attention" in device):
+        return gemm_s
+    keys = workload.seq_len / plan.cp
+    return peak * device["flash_attention"] * keys / (keys + device.get("flash_attention_half_keys", 0.0))
 
 
 def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict, rank: int, dropout: bool) -> dict:
     """Seconds of pipeline rank `rank` per micro-batch, by component (forward + backward)."""
     peak = device["fp32_tflops" if plan.dtype == "fp32" else "bf16_tflops"] * 1e12
     tokens = plan.micro_batch * workload.seq_len / plan.cp
-    gemm_s = peak * gemm_efficiency(device, model.hidden_size / plan.tp, tokens)
     hbm_s = device["hbm_tbps"] * 1e12 * device["hbm"]
     layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
-    gemm, core = layer_flops(model, plan, workload)
+    gemms = layer_gemms(model, plan, workload)
+    gemm_time = gemm_seconds(device, peak, gemms, tokens)
+    core = attention_core_flops(model, plan, workload)
+    # eager attention's batched products run at the layer's mean GEMM rate
+    gemm_s = sum(flops for flops, _ in gemms) / gemm_time
     passes = {"none": 3, "selective": 3, "full": 4}[plan.recompute]  # forward, backward (2x), recompute
     core_flops = passes * core + (core if plan.recompute == "selective" else 0)
-    core_s = attention_rate(device, plan, peak, gemm_s)
+    core_s = attention_rate(device, plan, workload, peak, gemm_s)
     # Element-wise kernels (norms, GeLU, softmax, dropout, residual adds) move bytes in proportion to
     # what a layer stores; full recompute reruns all of them, selective the attention core's.
     stored = activation_layer_parts(model, plan, workload, recompute="none", dropout=dropout)
     rerun = {"none": 0.0, "selective": stored["attention_core"], "full": sum(stored.values())}[plan.recompute]
     elementwise = (sum(stored.values()) + rerun) * device["elementwise_passes"]
-    compute = layers * (passes * gemm / gemm_s + core_flops / core_s + elementwise / hbm_s)
-    if rank == plan.pp - 1:
-        compute += 3 * 2 * tokens * model.hidden_size * model.vocab_size / plan.tp / gemm_s
+    compute = layers * (passes * gemm_time + core_flops / core_s + elementwise / hbm_s)
+    if rank == plan.pp - 1:  # the LM head: hidden x vocabulary / tp
+        head = [(2 * tokens * model.hidden_size * model.vocab_size / plan.tp, model.hidden_size)]
+        compute += 3 * gemm_seconds(device, peak, head, tokens)
 
     per_node, hide = device["gpus_per_node"], device["overlap"]
     tp = calls_s(device, tp_calls(model, plan, workload, layers), True)

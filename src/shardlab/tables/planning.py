@@ -101,23 +101,6 @@ def zero_ladder_rows(s: Scenario, micro_batch: int) -> list[dict]:
     return rows
 
 
-def reported_mfu_rows(found: dict[str, Scenario], summaries: list[dict]) -> list[dict]:
-    """Each reported MFU range beside the best plan of every scenario with the same model and hardware."""
-    best = {r["scenario"]: r for r in summaries}
-    rows = []
-    for ref in published.reference().get("reported_mfu", []):
-        for name, s in found.items():
-            if name in best and s.model == model_shape(ref["model"]) and s.cluster.accelerator == ref["hardware"]:
-                mfu = best[name]["mfu"]
-                verdict = ("no plan fits" if mfu is None else "within" if ref["mfu_low"] <= mfu <= ref["mfu_high"]
-                           else "above" if mfu > ref["mfu_high"] else "below")
-                rows.append({"scenario": name, "reported": f"{ref['mfu_low']:.0%}-{ref['mfu_high']:.0%}",
-                             "reported_setting": ref["setting"], "source": ref["source"],
-                             "predicted_best_plan": best[name]["best_plan"], "predicted_mfu": mfu,
-                             "prediction_vs_reported": verdict})
-    return rows
-
-
 def published_summary(rows: list[dict]) -> list[dict]:
     """Mean and worst error per quantity beside this project's goal and the best open model's error."""
     ref = published.reference()
@@ -157,15 +140,13 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     out["planning_published_summary"] = published_summary(out["planning_published"])
     out["planning_published_loo"] = calibration.megatron_leave_one_out()
     out["planning_published_fsdp"] = published.fsdp_rows()
-    out["planning_reported_mfu"] = reported_mfu_rows(found, out.get("planning_scenarios", []))
+    out["planning_published_llama3"] = published.llama3_rows()
     out["planning_crosscheck"] = crosscheck.rows({name: model_shape(name) for name in known_models()})
     return {name: pd.DataFrame(rows, columns=COLUMNS.get(name)) for name, rows in out.items()}
 
 
-# Tables that may have no rows (no ladder, no reported figure for these scenarios) keep their columns.
+# Tables that may have no rows (no ladder, no rejected plan) keep their columns.
 COLUMNS = {
-    "planning_reported_mfu": ["scenario", "reported", "reported_setting", "source", "predicted_best_plan",
-                              "predicted_mfu", "prediction_vs_reported"],
     "planning_rejected": ["scenario", "reason", "plans", "example"],
     "planning_zero_ladder": ["scenario", "rung", "tree_model_states_gb", "tree_budget_gb", "tree_fits", "tree_why",
                              "headroom", "planner_parameters_gb", "planner_gradients_gb", "planner_optimizer_gb",
