@@ -35,7 +35,8 @@ GB = 1e9
 
 def prediction_row(p: Prediction) -> dict:
     row = {"plan": p.plan.label(), **{f"plan_{k}": v for k, v in p.plan.as_dict().items()},
-           "tokens_per_s": p.tokens_per_s, "mfu": p.mfu, "step_s": p.step_s, "bottleneck": p.bottleneck,
+           "tokens_per_s": p.tokens_per_s, "mfu": p.mfu, "hfu": p.hfu, "tflops_per_gpu": p.tflops_per_gpu,
+           "step_s": p.step_s, "bottleneck": p.bottleneck,
            "device_gb": p.device_bytes / GB, "usable_gb": p.capacity_bytes / GB, "fits": p.fits, "why": p.why}
     row.update({f"{k}_gb": p.memory[k] / GB for k in (*MEMORY_CATEGORIES, "host_bytes")})
     row.update({f"time_{k}_s": v for k, v in p.time.items()})  # seconds per step by component
@@ -67,6 +68,7 @@ def scenario_tables(s: Scenario, result: SearchResult, alternatives: dict[str, S
                    candidates=result.candidates, fitting=result.fitting, search_s=result.seconds,
                    best_plan=best.plan.label() if best else "none fits",
                    tokens_per_s=best.tokens_per_s if best else None, mfu=best.mfu if best else None,
+                   hfu=best.hfu if best else None, tflops_per_gpu=best.tflops_per_gpu if best else None,
                    bottleneck=best.bottleneck if best else None,
                    largest_overhead=prediction_row(best)["largest_overhead"] if best else None)
     top_rows = [dict(base, rank=i, **prediction_row(p)) for i, p in enumerate(result.ranked, 1)]
