@@ -94,7 +94,8 @@ def test_bpe_straddles_smiles_atoms_and_residues_on_the_shipped_data():
     corpora = load_study_file(REPO / "config/config.yaml", REPO).pretrain_settings("science-base")["corpora"]
     corpora = [dict(c, max_documents=300) for c in corpora]
     docs = domain_documents(corpora, REPO)
-    rows = tokenization.compare(bodies(docs, corpora), union(docs, 0), 512)
+    texts = union({domain: parts["train"] for domain, parts in docs.items()}, 0)
+    rows = tokenization.compare(bodies(docs, corpora), texts, 512)
     crossing = {(r["domain"], r["tokenizer"]): r["unit_crossing_fraction"] for r in rows}
     assert crossing[("chemistry", "bpe")] > 0.05 and crossing[("biology", "bpe")] > 0.05
     assert all(crossing[(d, "char")] == 0 for d in ("chemistry", "biology", "materials"))
@@ -209,7 +210,7 @@ def test_the_pretraining_run_of_the_default_study():
     study = load_study_file(REPO / "config/config.yaml", REPO)
     settings = study.pretrain_settings("science-base")
     training = settings["experiment"]["training"]
-    assert study.experiments["science_chemistry"]["training"]["save_model_every"] == 16
+    assert study.experiments["science_chemistry"]["training"]["save_model_every"] == 48
     assert training["save_model_every"] == 0 and training["save_model"] and training["steps"] == 550
     assert [c["corpus"] for c in settings["corpora"]] == ["aqsoldb_logs", "scop_class", "mp_gap"]
 
@@ -245,6 +246,14 @@ def test_fine_tuning_starts_from_the_pretrained_weights(tmp_path):
     record = pretrain(settings, base, REPO)
     assert record["tokenizer_used"] == "char" and (base / "tokenizers.test-base.csv").is_file()
     assert record["pretraining"]["final_val_loss"] < math.log(record["vocab_size"])  # it learned something
+    # The base model learns the domains' language, not their conditions: no tag in its corpus, though
+    # its tokenizer spells the tags the fine-tuning adds.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base / "pretraining" / "corpus")
+    corpus = tokenizer.decode(np.load(base / "pretraining" / "corpus" / "tokens.npy").tolist())
+    assert "C" in corpus and "<logS=" not in corpus and "<class=" not in corpus and "<gap=" not in corpus
+    assert tokenizer.decode(tokenizer("<logS=-2.0>")["input_ids"]) == "<logS=-2.0>"
 
     exp = copy.deepcopy(experiments["science_chemistry"])
     exp["model"] = dict(record, source="pretrain")

@@ -1,12 +1,15 @@
-"""The science base model (rule pretrain): one small GPT-NeoX pretrained on the union of the science
-experiments' training parts, saved like a hub checkpoint that each science experiment fine-tunes.
+"""The science base model (rule pretrain): one small GPT-NeoX pretrained on the language of the
+science domains (the union of the experiments' training sequences, without their conditions), saved
+like a hub checkpoint that each science experiment fine-tunes on the conditional task.
 
     python -m shardlab pretrain --settings JSON --out resources/models/<name> [--base-dir DIR]
 
 Steps: read every listed experiment's training rows (never its validation or test rows) as
 conditional text; measure the tokenizer candidates on each domain and pick one
-(`shardlab.science.tokenization`, table tokenizers.<name>.csv beside the model); build the initial model;
-train it with the study's own runner (`pretrain.strategy`: progress, checkpoints, failure records);
+(`shardlab.science.tokenization`, table tokenizers.<name>.csv beside the model), fitted on the
+conditional text so that the tags have tokens; build the initial model; train it on the sequences
+alone (SMILES, residues, formulas: no solubility, class or band-gap tag, so whatever the fine-tuned
+model knows of the conditions, fine-tuning taught it) with the study's own runner (`pretrain.strategy`: progress, checkpoints, failure records);
 copy the trained weights, the tokenizer and a record here. A failed pretraining fails the job with
 the run's reason: nothing downstream can fine-tune without it.
 """
@@ -45,10 +48,10 @@ def domain_documents(corpora: list[dict], base_dir: Path) -> dict[str, dict[str,
     return out
 
 
-def union(docs: dict[str, dict[str, list[str]]], seed: int) -> list[str]:
+def union(texts_by_domain: dict[str, list[str]], seed: int) -> list[str]:
     """Every domain's training texts in one seeded order, so no domain sits at the end of the stream
     (the runner's validation windows come from the stream's tail)."""
-    texts = [t for parts in docs.values() for t in parts["train"]]
+    texts = [t for domain_texts in texts_by_domain.values() for t in domain_texts]
     random.Random(seed).shuffle(texts)
     return texts
 
@@ -90,14 +93,16 @@ def pretrain(settings: dict, out: Path, base_dir: Path) -> dict:
     work = out / "pretraining"  # kept across job attempts: a checkpointed pretraining resumes
     (work / "corpus").mkdir(parents=True, exist_ok=True)
     docs = domain_documents(corpora, base_dir)
-    texts = union(docs, model_cfg.get("seed", 0))
-    print(f"[pretrain] {len(texts):,} training documents: "
+    seed = model_cfg.get("seed", 0)
+    texts = union({d: parts["train"] for d, parts in docs.items()}, seed)  # with their tags
+    sequences = union({d: train for d, (train, _) in bodies(docs, corpora).items()}, seed)  # without
+    print(f"[pretrain] {len(sequences):,} training sequences, their conditions left out: "
           + ", ".join(f"{d} {len(p['train']):,}" for d, p in docs.items()), flush=True)
 
     kind = choose_tokenizer(model_cfg, docs, corpora, texts, out)
     tokenizer = fit_tokenizer(kind, texts, model_cfg.get("vocab_size"))
     tokenizer.save_pretrained(work / "corpus")
-    tokens = encode_documents(tokenizer, texts)
+    tokens = encode_documents(tokenizer, sequences)
     np.save(work / "corpus" / "tokens.npy", tokens)
     build_local_model({**model_cfg, "vocab_size": len(tokenizer)}, work / "init")
     init_record = {"name": model_cfg["name"], "source": "local", "shape": architecture(work / "init" / "config.json")}
@@ -111,7 +116,7 @@ def pretrain(settings: dict, out: Path, base_dir: Path) -> dict:
     for item in (run / "model").iterdir():
         shutil.copy2(item, out / item.name)
     record = {**model_cfg, "tokenizer_used": kind, "vocab_size": len(tokenizer), "shape": architecture(out / "config.json"),
-              "pretraining": {"documents": len(texts), "corpus_tokens": int(tokens.size),
+              "pretraining": {"documents": len(sequences), "conditions": False, "corpus_tokens": int(tokens.size),
                               "steps": exp["training"]["steps"], "final_val_loss": summary.get("final_val_loss"),
                               "train_wall_s": summary.get("train_wall_s"), "run": str(run)}}
     (out / "shardlab_model.json").write_text(json.dumps(record, indent=2, sort_keys=True))
