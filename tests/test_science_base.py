@@ -205,13 +205,14 @@ def test_pretrain_settings_are_checked_naming_the_field():
 def test_the_pretraining_run_of_the_default_study():
     """The first listed experiment's training, overridden by pretrain.training; the fine-tuning's
     snapshots (save_model_every) are not the base model's."""
-    from shardlab.study import load_study_file
+    from shardlab.study import load_study_file, pretrain_settings
 
     study = load_study_file(REPO / "config/config.yaml", REPO)
-    settings = study.pretrain_settings("science-base")
+    experiments = copy.deepcopy(study.experiments)
+    experiments["science_chemistry"]["training"]["save_model_every"] = 16  # fine-tuning snapshots
+    settings = pretrain_settings(experiments["science_chemistry"]["model"], experiments)
     training = settings["experiment"]["training"]
-    assert study.experiments["science_chemistry"]["training"]["save_model_every"] == 48
-    assert training["save_model_every"] == 0 and training["save_model"] and training["steps"] == 550
+    assert training["save_model_every"] == 0 and training["save_model"] and training["steps"] == 450
     assert [c["corpus"] for c in settings["corpora"]] == ["aqsoldb_logs", "scop_class", "mp_gap"]
 
 
