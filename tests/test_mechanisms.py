@@ -1,6 +1,8 @@
 """What each technique keeps where (tables.mechanisms): shares of the single-device amount per rank, from the
 cost model on each run's layout, for the family's most sharded run."""
 
+import copy
+
 import pytest
 
 from shardlab.study import load_study_file
@@ -48,9 +50,12 @@ def test_the_strategies_table_is_the_registry_in_order():
 
 
 def test_a_composed_plan_splits_over_each_of_its_axes():
-    """dp2 × tp2 × pp2 of the default study: replicas over dp, a quarter of the states per rank (tp halves a
-    stage's half), the same share on both dp replicas."""
-    study = load_study_file(REPO / "config/config.yaml", REPO).experiments
+    """dp2 × tp2 × pp2: replicas over dp, a quarter of the states per rank (tp halves a stage's half),
+    the same share on both dp replicas."""
+    study = copy.deepcopy(load_study_file(REPO / "config/config.yaml", REPO).experiments)
+    study["composed"]["strategies"].append("composed_dp2_tp2_pp2")
+    study["composed"]["strategy_options"]["composed_dp2_tp2_pp2"] = {"world_size": 8, "tp": 2, "pp": 2,
+                                                                     "n_microbatches": 2}
     held = _held(study, ("composed", "composed_dp2_tp2_pp2", 8))
     assert len(held) == 8 * 4
     params = held.xs("parameters", level="category")

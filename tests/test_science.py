@@ -225,6 +225,35 @@ def test_biology_evaluation_rows_on_a_random_model(tiny_biology_lm):
     assert rows["residue_perplexity"]["value"] > 1 and 15 < rows["residue_perplexity"]["baseline"] < 21
 
 
+def _gain_rows(before: np.ndarray, after: np.ndarray, better: str = "lower") -> list[dict]:
+    """fine_tuning_gains on one run whose base and final model scored these per-row values."""
+    def scored_rows(values):
+        return [{"domain": "materials", "test_set": "test", "metric": "gap_mae_eV", "value": float(values.mean()),
+                 "low": 0.0, "high": 9.0, "better": better, "n": len(values), "note": "", "per_example": values},
+                {"domain": "materials", "test_set": "test", "metric": "no_rows", "value": 1.0, "note": ""}]
+
+    row = {"experiment": "science_materials", "strategy": "single", "run_status": "ok"}
+    start = ev.ModelPoint(Path("base"), "base", final=False, row={**row, "step": 0})
+    end = ev.ModelPoint(Path("final"), "final", final=True, row={**row, "step": 8})
+    return ev.fine_tuning_gains([start, end], {start: scored_rows(before), end: scored_rows(after)}, seed=0)
+
+
+def test_fine_tuning_gain_is_the_paired_difference_and_can_fail():
+    """A model that improves every row by 0.1 eV (while the rows themselves spread over 2 eV) shows a
+    paired interval that excludes zero; the same rows unchanged, or worsened, do not count as taught."""
+    rng = np.random.default_rng(0)
+    before = rng.uniform(0.0, 2.0, 60)
+    (gain,) = _gain_rows(before, before - 0.1)  # only metrics with per-row values are compared
+    assert gain["compared_with"] == ev.BASE_MODEL and gain["metric"] == "gap_mae_eV" and gain["final"]
+    assert gain["baseline"] == pytest.approx(before.mean()) and gain["value"] == pytest.approx(before.mean() - 0.1)
+    assert gain["difference_low"] == pytest.approx(-0.1) and gain["difference_high"] == pytest.approx(-0.1)
+    assert gain["beats_baseline"] is True
+    noisy = before + rng.normal(0.0, 0.3, 60)  # changed rows, no change on average
+    assert _gain_rows(before, noisy)[0]["beats_baseline"] is False
+    assert _gain_rows(before, before + 0.1)[0]["beats_baseline"] is False
+    assert _gain_rows(before, before + 0.1, better="higher")[0]["beats_baseline"] is True
+
+
 # --- tables -------------------------------------------------------------------------------------
 def _science_inputs() -> TableInputs:
     """A materials experiment with two finished runs and one out of memory, its evaluation table, and a
@@ -243,8 +272,12 @@ def _science_inputs() -> TableInputs:
                           "step_log": [{"step": i, "elapsed_s": i + 1.0, "val_loss": v} for i, v in enumerate(losses)]})
     metrics = pd.DataFrame([{"experiment": "science_materials", "strategy": "single", "run_status": "ok", "step": step,
                              "final": step == 2, "domain": "materials", "test_set": "test", "metric": "gap_mae_eV",
-                             "value": value, "baseline": 1.2, "baseline_name": "training mean", "n": 10, "note": ""}
-                            for step, value in ((2, 1.0), (0, 1.3), (1, 1.1))])
+                             "value": value, "baseline": baseline, "baseline_name": "training mean", "n": 10, "note": "",
+                             "compared_with": against}
+                            for step, value, baseline, against in ((2, 1.0, 1.2, "trivial baseline"),
+                                                                   (0, 1.3, 1.2, "trivial baseline"),
+                                                                   (1, 1.1, 1.2, "trivial baseline"),
+                                                                   (2, 1.0, 1.3, ev.BASE_MODEL))])
     return TableInputs(summaries, {"science_materials": exp, "plain": other}, {},
                        {"science_metrics.science_materials": metrics})
 
@@ -265,6 +298,7 @@ def test_time_to_target_and_the_science_tables():
     assert len(curves) == 4 and list(curves[curves.strategy == "ddp"]["step"]) == [1, 2]
     assert list(tables["science_metrics"].columns) == ev.COLUMNS and len(tables["science_metrics"]) == 1
     assert tables["science_metrics"]["value"].tolist() == [1.0]  # the final model's row only
+    assert tables["science_fine_tuning"][["value", "baseline"]].values.tolist() == [[1.0, 1.3]]
     domain_curve = tables["science_domain_curves"]
     assert domain_curve["step"].tolist() == [0, 1, 2] and domain_curve["value"].tolist() == [1.3, 1.1, 1.0]
 

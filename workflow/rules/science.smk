@@ -4,7 +4,8 @@
 # shardlab.tables.science.
 SCIENCE_EXPERIMENTS = STUDY.science_experiments
 SCIENCE_TABLES = table_files(
-    "science_runs", "science_curves", "science_metrics", "science_domain_curves", "science_tokenizers"
+    "science_runs", "science_curves", "science_metrics", "science_fine_tuning", "science_domain_curves",
+    "science_tokenizers",
 )
 PRETRAINED = STUDY.pretrained_models
 # Each pretrained model's pretraining run: (its settings, the strategy that runs it).

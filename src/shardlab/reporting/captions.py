@@ -56,6 +56,20 @@ def science_gains(paired: pd.DataFrame) -> str:
             + "; a paired interval that crosses zero decides nothing.")
 
 
+def science_fine_tuning(taught: pd.DataFrame) -> str:
+    """science_fine_tuning rows with `label` and `gain` (after − before, signed so that positive is
+    better): per metric, whether fine-tuning improved it beyond noise in every run."""
+    improved = taught.groupby("label")["beats_baseline"].agg(lambda b: _truthy(b).all())
+    worse = taught.groupby("label")["gain_high"].max() < 0
+    parts = [f"{label} {g['baseline'].median():.3g} → {g['value'].median():.3g}"
+             for label, g in taught.groupby("label") if improved[label]]
+    return (f"Fine-tuning improved {int(improved.sum())} of {len(improved)} conditional metrics beyond noise in every run"
+            + (f" ({'; '.join(parts)})" if parts else "")
+            + (f"; {int(worse.sum())} got worse beyond noise" if worse.any() else "")
+            + ". Before: the base model, pretrained on the sequences without their conditions; intervals are "
+            "paired bootstraps over the same held-out rows.")
+
+
 def host_offload(rungs: pd.DataFrame) -> str:
     """zero_memory.csv rows of finished rungs: measured device and host bytes per rank."""
     host = rungs["measured_host_bytes"] / (rungs["measured_host_bytes"] + rungs["measured_device_bytes"])

@@ -77,9 +77,14 @@ def compared(model, baseline, sizes: tuple[int, int] | tuple[int], better: str |
             "beats_baseline": beats}
 
 
-def row(domain, test_set, name, baseline_name, n, stats: dict, note="") -> dict:
-    return {"domain": domain, "test_set": test_set, "metric": name, "baseline_name": baseline_name, "n": n,
-            "note": note, **stats}
+def row(domain, test_set, name, baseline_name, n, stats: dict, note="", per_example=None) -> dict:
+    """One metric row; `per_example`: the values over the test rows whose mean the metric is (where it
+    is one), so that two models' metrics can be compared row by row (`evaluate.fine_tuning_gains`)."""
+    out = {"domain": domain, "test_set": test_set, "metric": name, "baseline_name": baseline_name, "n": n,
+           "note": note, **stats}
+    if per_example is not None:
+        out["per_example"] = np.asarray(per_example, float)
+    return out
 
 
 def mean_of(flags: np.ndarray):
@@ -108,7 +113,8 @@ def label_mae_row(domain: str, test_set: str, metric: str, fmt: ConditionalForma
     return row(domain, test_set, metric, "training mean", len(truth),
                compared(lambda i: mean_absolute_error(predicted[i], truth[i]),
                         lambda i: mean_absolute_error(mean[i], truth[i]), (len(truth),), "lower", seed),
-               f"posterior median over {n_bins} bins of {fmt.bin_width} {unit} (lower is better)")
+               f"posterior median over {n_bins} bins of {fmt.bin_width} {unit} (lower is better)",
+               per_example=np.abs(predicted - truth))
 
 
 # --- the three domains --------------------------------------------------------------------------
@@ -174,7 +180,8 @@ def evaluate_biology(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, se
         row("biology", "test", "class_accuracy", f"majority class '{majority}'", len(test),
             compared(lambda i: accuracy_from_scores(scores[i], classes, truth[i]),
                      lambda i: majority_accuracy(train_labels, truth[i])[1], (len(test),), "higher", seed),
-            f"argmax over {len(classes)} class tags"),
+            f"argmax over {len(classes)} class tags",
+            per_example=np.array(classes)[scores.argmax(axis=1)] == truth),
         row("biology", "test", "residue_perplexity", "residue-unigram model", len(test),
             compared(perplexity(-body_lp), perplexity(base_nll), (len(test),), "lower", seed), context),
     ]

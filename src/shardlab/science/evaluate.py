@@ -1,5 +1,8 @@
 """Domain evaluation of each run's saved models (rule science_evaluate): one CSV row per (strategy,
-step, metric), the final model's marked `final`.
+step, metric), the final model's marked `final`, each against the domain's trivial baseline; and,
+for every metric that is a mean over test rows, one more row per final model against the base model
+it was fine-tuned from (`compared_with` "base model": the paired difference over the same rows, what
+fine-tuning taught).
 
     python -m shardlab.science.evaluate --experiment-config exp.json --runs DIR --splits DIR --out CSV [--base-model DIR] [--workers N]
 
@@ -24,12 +27,14 @@ from shardlab.core.pool import ordered_map
 from shardlab.science.domains import DOMAIN_EVALUATORS, row as metric_row
 from shardlab.science.formats import FORMATS
 from shardlab.science.language_model import LanguageModel
+from shardlab.science.measures import bootstrap_interval
 
 DEFAULT_SETTINGS = {"max_examples": 100, "samples_per_condition": 16, "conditions": [-6.0, -4.0, -2.0, 0.0],
                     "extra_test_sets": {}, "temperature": 1.0}
 COLUMNS = ["experiment", "strategy", "run_status", "step", "final", "domain", "test_set", "metric", "value", "low",
            "high", "baseline", "baseline_low", "baseline_high", "difference_low", "difference_high", "better", "beats_baseline",
-           "baseline_name", "n", "note"]
+           "baseline_name", "n", "note", "compared_with"]
+BASE_MODEL = "base model"  # compared_with: the final model against the model before fine-tuning
 
 
 def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_model: Path | None = None,
@@ -56,8 +61,30 @@ def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_m
             points.append(ModelPoint(model_dir, label, final=model_dir == run / "model", row={**base, "step": step}))
     scored = score_distinct(points, functools.partial(score_model, exp, splits, seed), workers)
     for point in points:
-        rows += [{**r, **point.row, "final": point.final} for r in scored[point]]
-    return rows
+        rows += [{**r, **point.row, "final": point.final, "compared_with": "trivial baseline"} for r in scored[point]]
+    return rows + fine_tuning_gains(points, scored, seed)
+
+
+def fine_tuning_gains(points: list[ModelPoint], scored: dict, seed: int) -> list[dict]:
+    """Each final model's metrics against its run's step 0 (the base model) on the same test rows: the
+    paired bootstrap interval of their difference, for the metrics that are means over test rows."""
+    base = {p.row["strategy"]: p for p in points if p.row["step"] == 0}
+    out = []
+    for point in (p for p in points if p.final and p.row["strategy"] in base):
+        before = {(r["test_set"], r["metric"]): r for r in scored[base[point.row["strategy"]]] if "per_example" in r}
+        for after in (r for r in scored[point] if "per_example" in r):
+            earlier = before.get((after["test_set"], after["metric"]))
+            if earlier is None or len(earlier["per_example"]) != len(after["per_example"]):
+                continue  # an extra test set the base model is not scored on
+            a, b = after["per_example"], earlier["per_example"]
+            low, high = bootstrap_interval(lambda i: float(a[i].mean() - b[i].mean()), (len(a),), seed=seed + 3)
+            improved = None if after["better"] is None else bool(low > 0 if after["better"] == "higher" else high < 0)
+            out.append({**after, **point.row, "final": True, "compared_with": BASE_MODEL,
+                        "baseline": earlier["value"], "baseline_low": earlier["low"], "baseline_high": earlier["high"],
+                        "difference_low": low, "difference_high": high, "beats_baseline": improved,
+                        "baseline_name": "the base model, before fine-tuning",
+                        "note": "paired over the same test rows"})
+    return out
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -133,7 +160,7 @@ def weights_digest(model_dir: Path) -> str:
 def write_rows(rows: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS, restval="")
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, restval="", extrasaction="ignore")  # not per_example
         writer.writeheader()
         writer.writerows(rows)
 
@@ -156,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = evaluate_runs(exp, args.runs, args.splits, seed=exp["training"]["seed"], base_model=args.base_model,
                          workers=args.workers)
     write_rows(rows, args.out)
-    for r in (r for r in rows if r["final"]):
+    for r in (r for r in rows if r["final"] and r["compared_with"] != BASE_MODEL):
         print(f"{r['strategy']:>16s} {r['test_set']:>10s} {r['metric']:>28s} {r['value']:.4g} "
               f"[{r.get('low', float('nan')):.4g}, {r.get('high', float('nan')):.4g}] (baseline "
               f"{r['baseline']:.4g}: {r['baseline_name']}; beats it: {r.get('beats_baseline')})")

@@ -8,6 +8,8 @@ evaluation (`science_metrics.<experiment>.csv`, from `shardlab.science.evaluate`
 - science_runs: one row per run (status, tokens/s, step time, peak memory, final validation loss,
   the domain's target validation loss and the time each run took to reach it)
 - science_metrics: the evaluators' rows of each run's final model (value, baseline, their bootstrap intervals)
+- science_fine_tuning: each final model's metrics against the base model's on the same test rows (the
+  paired difference's interval: what fine-tuning changed)
 - science_domain_curves: the evaluators' rows at every evaluated step (0: the base model before
   fine-tuning; training.save_model_every snapshots; the final model), a domain metric against step
 - science_tokenizers: the tokenizer comparison of each pretrained base model (rule pretrain), with
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from shardlab.science.evaluate import BASE_MODEL
 from shardlab.science.evaluate import COLUMNS as METRIC_COLUMNS
 from shardlab.science.formats import FORMATS
 from shardlab.science.tokenization import TABLE_PREFIX
@@ -100,12 +103,14 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     every = (pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(columns=METRIC_COLUMNS)).reindex(
         columns=METRIC_COLUMNS)
     final = every["final"].astype(str).str.lower().eq("true")
+    gains = every["compared_with"].eq(BASE_MODEL)
     tokenizers = [table.assign(model=name.removeprefix(TABLE_PREFIX)) for name, table in inputs.tables.items()
                   if name.startswith(TABLE_PREFIX)]
     return {"science_runs": pd.DataFrame(runs, columns=RUN_COLUMNS),
             "science_curves": pd.DataFrame(curves, columns=CURVE_COLUMNS),
-            "science_metrics": every[final].reset_index(drop=True),
-            "science_domain_curves": every[every["value"].notna()].sort_values(
+            "science_metrics": every[final & ~gains].reset_index(drop=True),
+            "science_fine_tuning": every[gains].reset_index(drop=True),
+            "science_domain_curves": every[every["value"].notna() & ~gains].sort_values(
                 ["experiment", "strategy", "test_set", "metric", "step"], kind="stable").reset_index(drop=True),
             "science_tokenizers": (pd.concat(tokenizers, ignore_index=True) if tokenizers
                                    else pd.DataFrame(columns=TOKENIZER_COLUMNS)).reindex(columns=TOKENIZER_COLUMNS)}
