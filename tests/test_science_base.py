@@ -212,7 +212,7 @@ def test_the_pretraining_run_of_the_default_study():
     experiments["science_chemistry"]["training"]["save_model_every"] = 16  # fine-tuning snapshots
     settings = pretrain_settings(experiments["science_chemistry"]["model"], experiments)
     training = settings["experiment"]["training"]
-    assert training["save_model_every"] == 0 and training["save_model"] and training["steps"] == 450
+    assert training["save_model_every"] == 0 and training["save_model"] and training["steps"] == 400
     assert [c["corpus"] for c in settings["corpora"]] == ["aqsoldb_logs", "scop_class", "mp_gap"]
 
 

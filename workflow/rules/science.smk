@@ -4,7 +4,11 @@
 # shardlab.tables.science.
 SCIENCE_EXPERIMENTS = STUDY.science_experiments
 SCIENCE_TABLES = table_files(
-    "science_runs", "science_curves", "science_metrics", "science_fine_tuning", "science_domain_curves",
+    "science_runs",
+    "science_curves",
+    "science_metrics",
+    "science_fine_tuning",
+    "science_domain_curves",
     "science_tokenizers",
 )
 PRETRAINED = STUDY.pretrained_models

@@ -52,8 +52,9 @@ def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_m
         if status != "ok" or not (run / "model").is_dir():
             reason = summary.get("reason") or "no saved model (training.save_model off?)"
             domain = FORMATS[exp["data"]["format"]].domain
-            rows.append({**base, "final": True, **metric_row(domain, "-", "not_evaluated", "-", 0,
-                                                           {"value": float("nan"), "baseline": float("nan")}, reason)})
+            rows.append({**base, "final": True, "compared_with": "trivial baseline",
+                         **metric_row(domain, "-", "not_evaluated", "-", 0,
+                                      {"value": float("nan"), "baseline": float("nan")}, reason)})
             continue
         steps = {**({0: base_model} if base_model else {}), **snapshots(run), exp["training"]["steps"]: run / "model"}
         for step, model_dir in steps.items():
