@@ -119,7 +119,8 @@ def label_mae_row(domain: str, test_set: str, metric: str, fmt: ConditionalForma
 
 # --- the three domains --------------------------------------------------------------------------
 def evaluate_chemistry(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, settings: dict, seed: int) -> list[dict]:
-    train_smiles = [body for _, body in labelled_rows(splits / "train.csv", fmt)]
+    train = labelled_rows(splits / "train.csv", fmt)
+    train_smiles = [body for _, body in train]
     known = training_molecules(splits / "train.csv", fmt)
     n = settings["samples_per_condition"]
     conditions, samples = [], []
@@ -139,7 +140,7 @@ def evaluate_chemistry(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, 
     calibration = np.array([(label, e) for label, e in ((label, esol_logs(body)) for label, body in test)
                             if e is not None], float).reshape(-1, 2)
     esol_check = lambda i: spearman(calibration[i, 0], calibration[i, 1])  # noqa: E731
-    train_logs = np.array([label for label, _ in labelled_rows(splits / "train.csv", fmt)], float)
+    train_logs = np.array([label for label, _ in train], float)
     candidates = fmt.candidate_labels(*np.quantile(train_logs, [0.005, 0.995]))
     truth = np.array([label for label, _ in test], float)
     predicted = label_by_scoring(lm, fmt, candidates, [body for _, body in test])
@@ -157,7 +158,8 @@ def evaluate_chemistry(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, 
         row("chemistry", "test", "esol_vs_measured_spearman", "none (calibrates the predictor)", len(calibration),
             compared(esol_check, float("nan"), (len(calibration),), None, seed),
             "how well ESOL tracks measured logS on held-out molecules"),
-        label_mae_row("chemistry", "test", "logs_mae", fmt, predicted, truth, train_logs, len(candidates), "log units", seed),
+        label_mae_row("chemistry", "test", "logs_mae", fmt, predicted, truth, train_logs, len(candidates), "log units",
+                      seed),
     ]
 
 

@@ -34,7 +34,8 @@ DEFAULT_SETTINGS = {"max_examples": 100, "samples_per_condition": 16, "condition
 COLUMNS = ["experiment", "strategy", "run_status", "step", "final", "domain", "test_set", "metric", "value", "low",
            "high", "baseline", "baseline_low", "baseline_high", "difference_low", "difference_high", "better", "beats_baseline",
            "baseline_name", "n", "note", "compared_with"]
-BASE_MODEL = "base model"  # compared_with: the final model against the model before fine-tuning
+TRIVIAL_BASELINE, BASE_MODEL = "trivial baseline", "base model"  # compared_with: the domain's baseline, or the
+# model before fine-tuning
 
 
 def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_model: Path | None = None,
@@ -52,7 +53,7 @@ def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_m
         if status != "ok" or not (run / "model").is_dir():
             reason = summary.get("reason") or "no saved model (training.save_model off?)"
             domain = FORMATS[exp["data"]["format"]].domain
-            rows.append({**base, "final": True, "compared_with": "trivial baseline",
+            rows.append({**base, "final": True, "compared_with": TRIVIAL_BASELINE,
                          **metric_row(domain, "-", "not_evaluated", "-", 0,
                                       {"value": float("nan"), "baseline": float("nan")}, reason)})
             continue
@@ -62,7 +63,7 @@ def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_m
             points.append(ModelPoint(model_dir, label, final=model_dir == run / "model", row={**base, "step": step}))
     scored = score_distinct(points, functools.partial(score_model, exp, splits, seed), workers)
     for point in points:
-        rows += [{**r, **point.row, "final": point.final, "compared_with": "trivial baseline"} for r in scored[point]]
+        rows += [{**r, **point.row, "final": point.final, "compared_with": TRIVIAL_BASELINE} for r in scored[point]]
     return rows + fine_tuning_gains(points, scored, seed)
 
 
