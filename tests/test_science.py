@@ -330,13 +330,13 @@ def _weights(model_dir: Path) -> dict:
 
 @pytest.mark.parity
 def test_saved_models_match_the_single_device_run_and_evaluate(run_strategy, tiny_assets, tmp_path):
-    """training.save_model: every strategy's gathered weights equal the reference's after training."""
-    from shardlab.strategies import REGISTRY
-
+    """training.save_model: every strategy's gathered weights equal the reference's after training, under the
+    Hugging Face names: data parallel, FSDP2 shards, TP shards, pipeline stages, and TP shards inside stages."""
     # log_every and eval_every past the run: snapshots keep their own schedule, not the log's.
     save = {"training": {"save_model": True, "save_model_every": 1, "steps": 3, "log_every": 10, "eval_every": 0}}
-    strategies = ["single", "ddp"] + [s for s in ("fsdp2_full",) if s in REGISTRY]
-    summaries = {s: run_strategy(s, save)[0] for s in strategies}
+    composed = {"strategy_options": {"composed": {"world_size": 4, "tp": 2, "pp": 2, "n_microbatches": 2}}}
+    strategies = ["single", "ddp", "fsdp2_full", "tp", "pp_1f1b", "composed"]
+    summaries = {s: run_strategy(s, {**save, **(composed if s == "composed" else {})})[0] for s in strategies}
     for name, summary in summaries.items():
         assert summary["status"] == "ok", summary.get("reason")
     reference = _saved_weights(summaries["single"])

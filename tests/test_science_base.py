@@ -306,3 +306,32 @@ def test_ordered_map_keeps_order_and_forks_only_when_given_workers():
     assert [r for _, r in alone] == [x * x for x in jobs] and {pid for pid, _ in alone} == {os.getpid()}
     forked = ordered_map(_pid_and_square, jobs, workers=2)
     assert [r for _, r in forked] == [x * x for x in jobs] and os.getpid() not in {pid for pid, _ in forked}
+
+
+def test_a_fitted_vocabulary_is_padded_for_tensor_parallelism():
+    from shardlab.core.model import padded_vocab_size
+
+    assert [padded_vocab_size(n) for n in (1, 71, 128, 129)] == [128, 128, 128, 256]
+    assert all(padded_vocab_size(71) % tp == 0 for tp in (2, 4, 8))
+
+
+def test_a_gathered_state_dict_under_other_names_is_not_saved(tmp_path):
+    """A strategy whose full_state_dict keeps its own names (pipeline stages did) would write a model whose
+    weights all load as missing, that is random: saving it is an error naming the keys."""
+    from transformers import GPTNeoXForCausalLM
+
+    from shardlab.core.model import tiny_neox_config
+    from shardlab.runner.worker import save_final_model
+
+    model = GPTNeoXForCausalLM(tiny_neox_config({"vocab_size": 128, "hidden_size": 16, "num_layers": 2,
+                                                 "num_heads": 2, "intermediate_size": 32}))
+
+    class Staged:
+        name = "pp_1f1b"
+
+        def full_state_dict(self):
+            return {f"0.{name}": t for name, t in model.state_dict().items()}
+
+    with pytest.raises(RuntimeError, match="does not name the model's weights: missing .*gpt_neox"):
+        save_final_model(Staged(), model, tmp_path, tmp_path / "model")
+    assert not (tmp_path / "model").exists()

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from shardlab.core.data import encode_documents, fit_tokenizer, read_documents
-from shardlab.core.model import architecture, build_local_model
+from shardlab.core.model import architecture, build_local_model, padded_vocab_size
 from shardlab.science import tokenization
 from shardlab.science.formats import FORMATS
 
@@ -104,7 +104,7 @@ def pretrain(settings: dict, out: Path, base_dir: Path) -> dict:
     tokenizer.save_pretrained(work / "corpus")
     tokens = encode_documents(tokenizer, sequences)
     np.save(work / "corpus" / "tokens.npy", tokens)
-    build_local_model({**model_cfg, "vocab_size": len(tokenizer)}, work / "init")
+    build_local_model({**model_cfg, "vocab_size": padded_vocab_size(len(tokenizer))}, work / "init")
     init_record = {"name": model_cfg["name"], "source": "local", "shape": architecture(work / "init" / "config.json")}
     (work / "init" / "shardlab_model.json").write_text(json.dumps(init_record))
     exp_config = work / "experiment.json"

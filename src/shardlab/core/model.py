@@ -15,11 +15,20 @@ from shardlab.errors import load_artifact
 
 
 SNAPSHOTS = "model-steps"  # a run's model snapshots during training (training.save_model_every)
+# A model built for a fitted tokenizer gets embedding rows for a multiple of this many tokens, as Megatron
+# pads (make-vocab-size-divisible-by 128; Pythia's 50,277 tokens have 50,304 rows): the vocabulary then
+# splits evenly over any tensor-parallel degree up to 128. The extra rows are never a target.
+VOCAB_MULTIPLE = 128
 
 
 def snapshot_dir(run: Path | str, steps_done: int) -> Path:
     """Where a run's model after `steps_done` optimizer steps is saved, beside its final `model/`."""
     return Path(run) / SNAPSHOTS / f"step-{steps_done:06d}"
+
+
+def padded_vocab_size(tokens: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """Embedding rows for a tokenizer of `tokens` tokens: the next multiple of `multiple`."""
+    return -(-tokens // multiple) * multiple
 
 
 def snapshots(run: Path | str) -> dict[int, Path]:

@@ -33,6 +33,8 @@ class LanguageModel:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos = self.tokenizer.eos_token_id
         self.max_len = min(context or 1 << 30, getattr(self.model.config, "max_position_embeddings", 2048))
+        # Embedding rows past the tokenizer's (vocabulary padding, core.model.padded_vocab_size) are never drawn.
+        self.padding_ids = list(range(len(self.tokenizer), self.model.config.vocab_size)) or None
         self.batch_size = batch_size
 
     def _ids(self, text: str) -> list[int]:
@@ -88,7 +90,8 @@ class LanguageModel:
         with torch.no_grad():
             out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=0,
                                       top_p=1.0, temperature=temperature, max_new_tokens=max_new_tokens,
-                                      eos_token_id=self.eos, pad_token_id=self.eos, use_cache=True)
+                                      eos_token_id=self.eos, pad_token_id=self.eos, use_cache=True,
+                                      suppress_tokens=self.padding_ids)
         texts = []
         for row in out[:, prompt.shape[1]:].tolist():
             row = row[:row.index(self.eos)] if self.eos in row else row

@@ -74,6 +74,14 @@ class Composition(MeshDataParallel):
         coords = self.mesh.get_coordinate()
         return "_".join(f"{dim}{c}" for dim, c in zip(self.mesh.mesh_dim_names, coords) if dim in ("pp", "tp"))
 
+    def whole_parameter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A parameter's TP shards gathered over `tp` (collective within the TP group)."""
+        if name not in self.tp_shard_dims:
+            return tensor
+        chunks = [torch.empty_like(tensor) for _ in range(self.tp_size)]
+        dist.all_gather(chunks, tensor.contiguous(), group=self.mesh["tp"].get_group())
+        return torch.cat(chunks, dim=self.tp_shard_dims[name])
+
     # --- gradients: over exactly the dimensions that replicate each parameter ------------------
     def sum_partial_gradients(self, params) -> None:
         """SP: parameters applied to one sequence shard hold partial sums of their gradient; add them up."""
@@ -140,12 +148,7 @@ class ComposedPlan(Composition, Strategy):
         state = {}
         for name, p in self.model.named_parameters():
             tensor = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
-            if name in self.tp_shard_dims:
-                group = self.mesh["tp"].get_group()
-                chunks = [torch.empty_like(tensor) for _ in range(self.tp_size)]
-                dist.all_gather(chunks, tensor.contiguous(), group=group)
-                tensor = torch.cat(chunks, dim=self.tp_shard_dims[name])
-            state[name] = tensor.cpu().clone()
+            state[name] = self.whole_parameter(name, tensor).cpu().clone()
         return state if self.topo.is_main else None
 
 

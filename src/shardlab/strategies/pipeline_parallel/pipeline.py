@@ -44,6 +44,7 @@ class GPipe(Strategy):
 
     # --- set-up -------------------------------------------------------------------------
     def wrap(self, model):
+        self.hf_names = {id(p): name for name, p in model.named_parameters()}  # before the stages rename them
         self.pp_group, self.pp_rank, self.pp_size = self.pipeline_group()
         self.n_microbatches = int(self.options.get("n_microbatches", DEFAULT_MICROBATCHES))
         self.n_stages = self.pp_size * self.virtual_stages
@@ -71,6 +72,21 @@ class GPipe(Strategy):
 
     def state_namespace(self):
         return f"stage_rank{self.pp_rank}"  # this rank's stages; data-parallel replicas of them share it
+
+    def whole_parameter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` as the unsplit model holds it (a composed run's TP shards are gathered here)."""
+        return tensor
+
+    def full_state_dict(self):
+        """The whole model on the main rank, under the Hugging Face names: each rank's stages gathered
+        (collective; data-parallel replicas send the same tensors, kept once)."""
+        mine = {}
+        for p in self.model.parameters():
+            name = self.hf_names[id(p)]
+            mine[name] = self.whole_parameter(name, p.detach()).cpu().clone()
+        everyone = [None] * dist.get_world_size() if self.topo.is_main else None
+        dist.gather_object(mine, everyone, dst=0)
+        return {name: t for part in everyone for name, t in part.items()} if self.topo.is_main else None
 
     # --- one step -----------------------------------------------------------------------
     def micro_batches(self, inputs, labels):
