@@ -236,8 +236,8 @@ def _gain_rows(before: np.ndarray, after: np.ndarray, better: str = "lower") -> 
                 {"domain": "materials", "test_set": "test", "metric": "no_rows", "value": 1.0, "note": ""}]
 
     row = {"experiment": "science_materials", "strategy": "single", "run_status": "ok"}
-    start = ev.ModelPoint(Path("base"), "base", final=False, row={**row, "step": 0})
-    end = ev.ModelPoint(Path("final"), "final", final=True, row={**row, "step": 8})
+    start = ev.ModelPoint(Path("base"), "base", final=False, extra_test_sets=True, row={**row, "step": 0})
+    end = ev.ModelPoint(Path("final"), "final", final=True, extra_test_sets=True, row={**row, "step": 8})
     return ev.fine_tuning_gains([start, end], {start: scored_rows(before), end: scored_rows(after)}, seed=0)
 
 

@@ -8,6 +8,7 @@ SCIENCE_TABLES = table_files(
     "science_curves",
     "science_metrics",
     "science_fine_tuning",
+    "science_published",
     "science_domain_curves",
     "science_tokenizers",
 )
@@ -30,7 +31,7 @@ SCIENCE_INPUTS = {
     "metrics": [f"{run_dir(e, s)}/metrics.jsonl" for e, s in SCIENCE_RUNS],
     "experiments": [settings_file(e) for e in SCIENCE_EXPERIMENTS],
     "tables": [SCIENCE_METRICS.format(exp=e) for e in SCIENCE_EXPERIMENTS] + TOKENIZER_TABLES,
-    "code": sources_of("tables.science"),
+    "code": sources_of("tables.science") + [f"{SRC}/science/published.yaml"],
 }
 
 

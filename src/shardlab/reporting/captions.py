@@ -70,6 +70,55 @@ def science_fine_tuning(taught: pd.DataFrame) -> str:
             "paired bootstraps over the same held-out rows.")
 
 
+def science_weights(runs: pd.DataFrame, parity_rows: pd.DataFrame, finals: pd.DataFrame) -> str:
+    """science_runs (with `weights`), the science experiments' parity rows and science_metrics' final rows:
+    whether every strategy that fine-tuned passed parity, which saved the single device's weights byte for
+    byte, and how far the others' domain metrics are from the single device's (against the intervals)."""
+    if parity_rows.empty:
+        return "No strategy besides the single device fine-tuned a case, so parity is not tested here."
+    passed = _truthy(parity_rows["within_tolerance"])
+    head = (f"{int(passed.sum())} of {len(parity_rows)} parallel fine-tuning runs passed parity with their single "
+            f"device (largest loss deviation {parity_rows['max_loss_deviation'].max():.2g}, at most "
+            f"{(parity_rows['max_loss_deviation'] / parity_rows['tolerance']).max():.1%} of its tolerance)")
+    if not passed.all():
+        head += "; failed: " + _listed([f"{r.experiment} {r.strategy}" for r in parity_rows[~passed].itertuples()])
+    same, other = [], []
+    for experiment, g in runs[runs["status"] == "ok"].groupby("experiment", sort=False):
+        single = g[g["strategy"] == "single"]["weights"]
+        for r in g[g["strategy"] != "single"].itertuples():
+            (same if len(single) and r.weights == single.iloc[0] else other).append((experiment, r.strategy))
+    parts = [head]
+    if same:
+        parts.append("identical weights to the single device's (sha256): "
+                     + _listed([f"{e.removeprefix('science_')} {s}" for e, s in same]))
+    if other:
+        keyed = finals.set_index(["experiment", "strategy", "test_set", "metric"])
+        gaps = []
+        for experiment, strategy in other:
+            mine = finals[(finals["experiment"] == experiment) & (finals["strategy"] == strategy)]
+            for r in mine.itertuples():
+                ref = keyed.loc[(experiment, "single", r.test_set, r.metric)] if (
+                    experiment, "single", r.test_set, r.metric) in keyed.index else None
+                if ref is not None and pd.notna(r.value):
+                    gaps.append((abs(r.value - ref["value"]), (ref["high"] - ref["low"]) / 2))
+        widest = max((g / w for g, w in gaps if w > 0), default=0.0)
+        parts.append(_listed([f"{e.removeprefix('science_')} {s}" for e, s in other])
+                     + " saved weights within rounding of the single device's, not identical; their domain metrics "
+                     + ("equal the single device's" if not any(g for g, _ in gaps) else
+                        f"differ from the single device's by at most {widest:.0%} of an interval's half-width"))
+    return "; ".join(parts) + "."
+
+
+def science_published(table: pd.DataFrame) -> str:
+    """science_published rows: how many metrics have a published figure, and the pod study that would close
+    part of the gap."""
+    found = table[table["published"].notna()]
+    missing = table[table["published"].isna()]
+    return (f"{len(found)} of {len(table)} metrics beside a published figure from a real domain model"
+            + (f"; none was found for {_listed(list(missing['metric']))}" if len(missing) else "")
+            + ". The rows say how each setting differs (data, split, model size, features).")
+
+
 def host_offload(rungs: pd.DataFrame) -> str:
     """zero_memory.csv rows of finished rungs: measured device and host bytes per rank."""
     host = rungs["measured_host_bytes"] / (rungs["measured_host_bytes"] + rungs["measured_device_bytes"])

@@ -33,7 +33,7 @@ DEFAULT_SETTINGS = {"max_examples": 100, "samples_per_condition": 16, "condition
                     "extra_test_sets": {}, "temperature": 1.0}
 COLUMNS = ["experiment", "strategy", "run_status", "step", "final", "domain", "test_set", "metric", "value", "low",
            "high", "baseline", "baseline_low", "baseline_high", "difference_low", "difference_high", "better", "beats_baseline",
-           "baseline_name", "n", "note", "compared_with"]
+           "baseline_name", "n", "note", "compared_with", "weights"]
 TRIVIAL_BASELINE, BASE_MODEL = "trivial baseline", "base model"  # compared_with: the domain's baseline, or the
 # model before fine-tuning
 
@@ -60,7 +60,9 @@ def evaluate_runs(exp: dict, runs_dir: Path, splits: Path, seed: int = 0, base_m
         steps = {**({0: base_model} if base_model else {}), **snapshots(run), exp["training"]["steps"]: run / "model"}
         for step, model_dir in steps.items():
             label = "the base model, before fine-tuning" if step == 0 and base_model else f"{strategy} after {step} steps"
-            points.append(ModelPoint(model_dir, label, final=model_dir == run / "model", row={**base, "step": step}))
+            final = model_dir == run / "model"
+            points.append(ModelPoint(model_dir, label, final, extra_test_sets=final or step == 0,
+                                     row={**base, "step": step, "weights": weights_digest(model_dir)[:16]}))
     scored = score_distinct(points, functools.partial(score_model, exp, splits, seed), workers)
     for point in points:
         rows += [{**r, **point.row, "final": point.final, "compared_with": TRIVIAL_BASELINE} for r in scored[point]]
@@ -77,7 +79,7 @@ def fine_tuning_gains(points: list[ModelPoint], scored: dict, seed: int) -> list
         for after in (r for r in scored[point] if "per_example" in r):
             earlier = before.get((after["test_set"], after["metric"]))
             if earlier is None or len(earlier["per_example"]) != len(after["per_example"]):
-                continue  # an extra test set the base model is not scored on
+                continue  # not scored on the base model's rows
             a, b = after["per_example"], earlier["per_example"]
             low, high = bootstrap_interval(lambda i: float(a[i].mean() - b[i].mean()), (len(a),), seed=seed + 3)
             improved = None if after["better"] is None else bool(low > 0 if after["better"] == "higher" else high < 0)
@@ -91,22 +93,23 @@ def fine_tuning_gains(points: list[ModelPoint], scored: dict, seed: int) -> list
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ModelPoint:
-    """A saved model to score: `final` (the fine-tuned model, also scored on the extra test sets) or a
-    point along the curve; `row` holds the columns that say whose model it is."""
+    """A saved model to score: `final` (the fine-tuned model) or a point along the curve; the final and the
+    base model are also scored on the extra test sets (what fine-tuning taught out of distribution, on the
+    same rows); `row` holds the columns that say whose model it is."""
 
     model_dir: Path
     label: str
     final: bool
+    extra_test_sets: bool
     row: dict
 
 
-def score_model(exp: dict, splits: Path, seed: int, model_dir: Path, final: bool) -> list[dict]:
-    """The domain's metric rows for one saved model. A curve's earlier points (the base model, snapshots)
-    skip the extra test sets: those check the fine-tuned model out of distribution, and would double the
-    cost of every point."""
+def score_model(exp: dict, splits: Path, seed: int, model_dir: Path, extra_test_sets: bool) -> list[dict]:
+    """The domain's metric rows for one saved model. Snapshots skip the extra test sets: they would double
+    the cost of every point of a curve."""
     fmt = FORMATS[exp["data"]["format"]]
     settings = {**DEFAULT_SETTINGS, **(exp.get("evaluation") or {})}
-    if not final:
+    if not extra_test_sets:
         settings["extra_test_sets"] = {}
     lm = LanguageModel(model_dir, context=exp["training"]["seq_len"])
     return DOMAIN_EVALUATORS[fmt.domain](lm, fmt, splits, settings, seed)
@@ -115,10 +118,10 @@ def score_model(exp: dict, splits: Path, seed: int, model_dir: Path, final: bool
 def score_distinct(points: list[ModelPoint], score, workers: int = 1) -> dict[ModelPoint, list[dict]]:
     """Each point's rows, each set of weights scored once: the same bytes score the same (the evaluation is
     deterministic), e.g. the base model of every curve, or DDP and FSDP2 saving identical weights; a twin's
-    rows say whose they share. Final models first: they cost the most (extra test sets)."""
-    key = {point: (weights_digest(point.model_dir), point.final) for point in points}
+    rows say whose they share. Those scored on the extra test sets first: they cost the most."""
+    key = {point: (point.row["weights"], point.extra_test_sets) for point in points}
     firsts: dict[tuple[str, bool], ModelPoint] = {}
-    for point in sorted(points, key=lambda p: not p.final):
+    for point in sorted(points, key=lambda p: not p.extra_test_sets):
         firsts.setdefault(key[point], point)
     done = dict(zip(firsts.values(), _map(_timed, [(score, p) for p in firsts.values()], workers)))
     scored = {}
@@ -133,7 +136,7 @@ def score_distinct(points: list[ModelPoint], score, workers: int = 1) -> dict[Mo
 def _timed(job) -> list[dict]:
     score, point = job
     started = time.perf_counter()
-    rows = score(point.model_dir, point.final)
+    rows = score(point.model_dir, point.extra_test_sets)
     print(f"[evaluate] {point.label}: {len(rows)} metrics in {time.perf_counter() - started:.1f} s", flush=True)
     return rows
 

@@ -6,19 +6,24 @@ evaluation (`science_metrics.<experiment>.csv`, from `shardlab.science.evaluate`
 
 - science_curves: one row per validation point (experiment, domain, strategy, step, elapsed_s, val_loss)
 - science_runs: one row per run (status, tokens/s, step time, peak memory, final validation loss,
-  the domain's target validation loss and the time each run took to reach it)
+  the domain's target validation loss and the time each run took to reach it, and its saved weights' digest)
 - science_metrics: the evaluators' rows of each run's final model (value, baseline, their bootstrap intervals)
 - science_fine_tuning: each final model's metrics against the base model's on the same test rows (the
   paired difference's interval: what fine-tuning changed)
 - science_domain_curves: the evaluators' rows at every evaluated step (0: the base model before
   fine-tuning; training.save_model_every snapshots; the final model), a domain metric against step
+- science_published: each metric's final value (median over runs) beside one published figure from a real
+  domain model (`science/published.yaml`: source, and how its setting differs)
 - science_tokenizers: the tokenizer comparison of each pretrained base model (rule pretrain), with
   the choice per domain and the one the base model uses
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
+import yaml
 
 from shardlab.science.evaluate import BASE_MODEL
 from shardlab.science.evaluate import COLUMNS as METRIC_COLUMNS
@@ -28,8 +33,11 @@ from shardlab.tables import TableInputs
 
 RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_size", "steps", "tokens_per_s",
                "step_time_median_s", "peak_bytes_max_rank", "peak_kind", "final_val_loss", "target_val_loss",
-               "time_to_target_s"]
+               "time_to_target_s", "weights"]
 CURVE_COLUMNS = ["experiment", "domain", "strategy", "step", "elapsed_s", "val_loss"]
+PUBLISHED = Path(__file__).parents[1] / "science" / "published.yaml"
+PUBLISHED_COLUMNS = ["domain", "metric", "test_set", "value", "low", "high", "runs", "published", "unit", "model", "source",
+                     "url", "differs"]
 TOKENIZER_COLUMNS = ["model", "domain", "tokenizer", "vocab_size", "bodies", "tokens_per_char", "unit_crossing_fraction",
                      "rare_token_fraction", "types_used", "chosen_for_domain", "used_by_base_model", "reason"]
 
@@ -89,6 +97,21 @@ def run_rows(exp: dict, summaries: list[dict]) -> tuple[list[dict], list[dict]]:
     return runs, curves
 
 
+def published_rows(finals: pd.DataFrame, references: list[dict]) -> pd.DataFrame:
+    """Each measured metric (median over the final models) beside its published reference, if any; a
+    reference without a `test_set` stands for the metric on every test set."""
+    rows = []
+    for (domain, test_set, metric), g in finals.groupby(["domain", "test_set", "metric"]):
+        ref = next((r for r in references if (r["domain"], r["metric"]) == (domain, metric)
+                    and r.get("test_set", test_set) == test_set), None)
+        if ref is None:
+            continue
+        rows.append({"domain": domain, "metric": metric, "test_set": test_set, "value": g["value"].median(),
+                     "low": g["low"].median(), "high": g["high"].median(), "runs": len(g), "published": ref["value"],
+                     **{k: ref.get(k) for k in ("unit", "model", "source", "url", "differs")}})
+    return pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
+
+
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     runs, curves, metrics = [], [], []
     for name, exp in inputs.experiments.items():
@@ -106,10 +129,16 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     gains = every["compared_with"].eq(BASE_MODEL)
     tokenizers = [table.assign(model=name.removeprefix(TABLE_PREFIX)) for name, table in inputs.tables.items()
                   if name.startswith(TABLE_PREFIX)]
+    # Each run's saved model by digest (the evaluation's), so that identical weights can be named.
+    digests = every[final].drop_duplicates(["experiment", "strategy"]).set_index(["experiment", "strategy"])["weights"]
+    for row in runs:
+        row["weights"] = digests.get((row["experiment"], row["strategy"]))
     return {"science_runs": pd.DataFrame(runs, columns=RUN_COLUMNS),
             "science_curves": pd.DataFrame(curves, columns=CURVE_COLUMNS),
             "science_metrics": every[final & ~gains].reset_index(drop=True),
             "science_fine_tuning": every[gains].reset_index(drop=True),
+            "science_published": published_rows(every[final & ~gains & every["value"].notna()],
+                                                yaml.safe_load(PUBLISHED.read_text())),
             "science_domain_curves": every[every["value"].notna() & ~gains].sort_values(
                 ["experiment", "strategy", "test_set", "metric", "step"], kind="stable").reset_index(drop=True),
             "science_tokenizers": (pd.concat(tokenizers, ignore_index=True) if tokenizers
