@@ -38,6 +38,41 @@ def test_the_science_caption_counts_metrics_beaten_beyond_noise():
     assert captions.science_gains(paired).startswith("The model beats its baseline beyond noise on 0 of 2 metrics;")
 
 
+def test_the_science_weights_caption_names_identical_weights_failed_parity_and_metric_gaps():
+    runs = pd.DataFrame({"experiment": ["science_biology"] * 2 + ["science_chemistry"] * 2,
+                         "strategy": ["single", "ddp", "single", "tp"], "status": "ok",
+                         "weights": ["aa", "aa", "bb", "cc"]})
+    parity = pd.DataFrame({"experiment": ["science_biology", "science_chemistry"], "strategy": ["ddp", "tp"],
+                           "within_tolerance": [True, True], "max_loss_deviation": [0.0, 2e-7], "tolerance": [1e-3, 1e-3]})
+    finals = pd.DataFrame({"experiment": ["science_chemistry"] * 2, "strategy": ["single", "tp"], "test_set": "test",
+                           "metric": "logs_mae", "value": [1.90, 1.90], "low": [1.5, 1.5], "high": [2.3, 2.3]})
+    text = captions.science_weights(runs, parity, finals)
+    assert text.startswith("2 of 2 parallel fine-tuning runs passed parity with their single device (largest loss "
+                           "deviation 2e-07, at most 0.0% of its tolerance)")
+    assert "identical weights to the single device's (sha256): biology ddp" in text
+    assert "chemistry tp saved weights within rounding of the single device's, not identical; their domain metrics " \
+           "equal the single device's" in text
+    finals.loc[1, "value"] = 2.10  # half of the interval's half-width away
+    assert "differ from the single device's by at most 50% of an interval's half-width" in captions.science_weights(
+        runs, parity, finals)
+    parity["within_tolerance"] = [True, "False"]  # as a CSV may read back
+    parity.loc[1, "max_loss_deviation"] = 0.01
+    assert captions.science_weights(runs, parity, finals).startswith(
+        "1 of 2 parallel fine-tuning runs passed parity with their single device (largest loss deviation 0.01, at most "
+        "1000.0% of its tolerance); failed: science_chemistry tp")
+    runs.loc[1, "weights"] = "dd"
+    assert "identical weights" not in captions.science_weights(runs, parity, finals)
+
+
+def test_the_published_caption_counts_metrics_with_a_reference():
+    table = pd.DataFrame({"metric": ["logs_mae", "condition_tracking_spearman"], "published": [0.761, None]})
+    assert captions.science_published(table).startswith("1 of 2 metrics beside a published figure from a real domain "
+                                                        "model; none was found for condition_tracking_spearman.")
+    table.loc[1, "published"] = 0.5
+    assert captions.science_published(table).startswith("2 of 2 metrics beside a published figure from a real domain "
+                                                        "model. The rows")
+
+
 def test_the_offload_caption_says_which_rung_keeps_states_on_the_host():
     rungs = pd.DataFrame({"experiment": ["zero"] * 2, "strategy": ["zero3", "zero3_offload"],
                           "measured_device_bytes": [100, 0], "measured_host_bytes": [0, 300]})

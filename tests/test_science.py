@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from helpers import TEST_TOKENS_PER_STEP, assert_within
 from shardlab.study import load_study_file
@@ -283,6 +284,29 @@ def _science_inputs() -> TableInputs:
                                                                    (2, 1.0, 1.3, ev.BASE_MODEL))])
     return TableInputs(summaries, {"science_materials": exp, "plain": other}, {},
                        {"science_metrics.science_materials": metrics})
+
+
+def test_published_figures_sit_beside_the_measured_metric_they_match():
+    from shardlab.tables.science import PUBLISHED, published_rows
+
+    finals = pd.DataFrame({"domain": ["materials"] * 3 + ["chemistry"], "metric": ["gap_mae_eV"] * 3 + ["validity"],
+                           "test_set": ["test", "test", "expt_gap", "sampled"], "value": [1.3, 1.5, 1.0, 0.7],
+                           "low": [1.1, 1.3, 0.9, 0.6], "high": [1.5, 1.7, 1.1, 0.8]})
+    references = [{"domain": "materials", "metric": "gap_mae_eV", "test_set": "test", "value": 0.27},
+                  {"domain": "materials", "metric": "gap_mae_eV", "test_set": "expt_gap", "value": 0.33},
+                  {"domain": "chemistry", "metric": "validity", "value": 0.97}]  # no test set: any
+    table = published_rows(finals, references).set_index(["metric", "test_set"])
+    assert table.loc[("gap_mae_eV", "test"), ["value", "published", "runs"]].tolist() == pytest.approx([1.4, 0.27, 2])
+    assert table.loc[("gap_mae_eV", "expt_gap"), "published"] == 0.33
+    assert table.loc[("validity", "sampled"), "published"] == 0.97
+    assert len(published_rows(finals, references[:1])) == 1  # a metric without a reference has no row
+    # The shipped references: every one names its source and how it differs; each figure is one the
+    # evaluators measure (a typo in a metric name would leave it out of the report silently).
+    shipped = yaml.safe_load(PUBLISHED.read_text())
+    measured = {("chemistry", m) for m in ("logs_mae", "validity", "uniqueness", "novelty", "condition_tracking_spearman")}
+    measured |= {("biology", "class_accuracy"), ("biology", "residue_perplexity"), ("materials", "gap_mae_eV")}
+    assert {(r["domain"], r["metric"]) for r in shipped} == measured
+    assert all(r["source"] and r["differs"] and (r["value"] is None or r["url"]) for r in shipped)
 
 
 def test_time_to_target_and_the_science_tables():
