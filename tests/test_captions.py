@@ -48,7 +48,7 @@ def test_the_science_weights_caption_names_identical_weights_failed_parity_and_m
                            "metric": "logs_mae", "value": [1.90, 1.90], "low": [1.5, 1.5], "high": [2.3, 2.3]})
     text = captions.science_weights(runs, parity, finals)
     assert text.startswith("2 of 2 parallel fine-tuning runs passed parity with their single device (largest loss "
-                           "deviation 2e-07, at most 0.0% of its tolerance)")
+                           "deviation 2e-07, at most 0.02 % of its tolerance)")
     assert "identical weights to the single device's (sha256): biology ddp" in text
     assert "chemistry tp saved weights within rounding of the single device's, not identical; their domain metrics " \
            "equal the single device's" in text
@@ -59,18 +59,21 @@ def test_the_science_weights_caption_names_identical_weights_failed_parity_and_m
     parity.loc[1, "max_loss_deviation"] = 0.01
     assert captions.science_weights(runs, parity, finals).startswith(
         "1 of 2 parallel fine-tuning runs passed parity with their single device (largest loss deviation 0.01, at most "
-        "1000.0% of its tolerance); failed: science_chemistry tp")
+        "1e+03 % of its tolerance); failed: science_chemistry tp")
     runs.loc[1, "weights"] = "dd"
     assert "identical weights" not in captions.science_weights(runs, parity, finals)
 
 
 def test_the_published_caption_counts_metrics_with_a_reference():
-    table = pd.DataFrame({"metric": ["logs_mae", "condition_tracking_spearman"], "published": [0.761, None]})
-    assert captions.science_published(table).startswith("1 of 2 metrics beside a published figure from a real domain "
-                                                        "model; none was found for condition_tracking_spearman.")
-    table.loc[1, "published"] = 0.5
-    assert captions.science_published(table).startswith("2 of 2 metrics beside a published figure from a real domain "
-                                                        "model. The rows")
+    table = pd.DataFrame({"domain": "chemistry", "metric": ["logs_mae", "validity", "condition_tracking_spearman"],
+                          "test_set": ["test", "sampled", "sampled"], "value": [1.9, 0.75, -0.1],
+                          "better": ["lower", "higher", "higher"], "published": [0.76, 0.97, None]})
+    assert captions.science_published(table).startswith(
+        "2 of 3 metrics beside a published figure from a real domain model; none was found for "
+        "condition_tracking_spearman. Farthest from the field: chemistry logs_mae (test), 1.9 against 0.76 (2.5 times "
+        "worse); nearest: chemistry validity (sampled), 0.75 against 0.97 (1.3 times worse)")
+    table.loc[0, "value"] = 0.5  # ahead of the field
+    assert "nearest: chemistry logs_mae (test), 0.5 against 0.76 (0.7 times worse)" in captions.science_published(table)
 
 
 def test_the_offload_caption_says_which_rung_keeps_states_on_the_host():

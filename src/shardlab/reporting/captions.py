@@ -79,7 +79,7 @@ def science_weights(runs: pd.DataFrame, parity_rows: pd.DataFrame, finals: pd.Da
     passed = _truthy(parity_rows["within_tolerance"])
     head = (f"{int(passed.sum())} of {len(parity_rows)} parallel fine-tuning runs passed parity with their single "
             f"device (largest loss deviation {parity_rows['max_loss_deviation'].max():.2g}, at most "
-            f"{(parity_rows['max_loss_deviation'] / parity_rows['tolerance']).max():.1%} of its tolerance)")
+            f"{100 * (parity_rows['max_loss_deviation'] / parity_rows['tolerance']).max():.2g} % of its tolerance)")
     if not passed.all():
         head += "; failed: " + _listed([f"{r.experiment} {r.strategy}" for r in parity_rows[~passed].itertuples()])
     same, other = [], []
@@ -114,9 +114,19 @@ def science_published(table: pd.DataFrame) -> str:
     part of the gap."""
     found = table[table["published"].notna()]
     missing = table[table["published"].isna()]
-    return (f"{len(found)} of {len(table)} metrics beside a published figure from a real domain model"
-            + (f"; none was found for {_listed(list(missing['metric']))}" if len(missing) else "")
-            + ". The rows say how each setting differs (data, split, model size, features).")
+    text = (f"{len(found)} of {len(table)} metrics beside a published figure from a real domain model"
+            + (f"; none was found for {_listed(list(missing['metric']))}" if len(missing) else ""))
+    # How many times worse than the field (1: level with it; below 1: ahead of it), where a direction is known.
+    judged = found[found["better"].isin(["higher", "lower"])]
+    if len(judged):
+        behind = judged["value"].where(judged["better"] == "lower", judged["published"]) / \
+            judged["published"].where(judged["better"] == "lower", judged["value"])
+        label = judged["domain"] + " " + judged["metric"] + " (" + judged["test_set"] + ")"
+        far, near = behind.idxmax(), behind.idxmin()
+        text += (f". Farthest from the field: {label[far]}, {judged['value'][far]:.3g} against {judged['published'][far]:.3g}"
+                 f" ({behind[far]:.1f} times worse); nearest: {label[near]}, {judged['value'][near]:.3g} against "
+                 f"{judged['published'][near]:.3g} ({behind[near]:.1f} times worse)")
+    return text + ". The rows say how each setting differs (data, split, model size, features)."
 
 
 def host_offload(rungs: pd.DataFrame) -> str:

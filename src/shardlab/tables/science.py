@@ -36,8 +36,8 @@ RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_si
                "time_to_target_s", "weights"]
 CURVE_COLUMNS = ["experiment", "domain", "strategy", "step", "elapsed_s", "val_loss"]
 PUBLISHED = Path(__file__).parents[1] / "science" / "published.yaml"
-PUBLISHED_COLUMNS = ["domain", "metric", "test_set", "value", "low", "high", "runs", "published", "unit", "model", "source",
-                     "url", "differs"]
+PUBLISHED_COLUMNS = ["domain", "metric", "test_set", "value", "low", "high", "runs", "better", "published", "unit", "model",
+                     "source", "url", "differs"]
 TOKENIZER_COLUMNS = ["model", "domain", "tokenizer", "vocab_size", "bodies", "tokens_per_char", "unit_crossing_fraction",
                      "rare_token_fraction", "types_used", "chosen_for_domain", "used_by_base_model", "reason"]
 
@@ -107,7 +107,7 @@ def published_rows(finals: pd.DataFrame, references: list[dict]) -> pd.DataFrame
         if ref is None:
             continue
         rows.append({"domain": domain, "metric": metric, "test_set": test_set, "value": g["value"].median(),
-                     "low": g["low"].median(), "high": g["high"].median(), "runs": len(g), "published": ref["value"],
+                     "low": g["low"].median(), "high": g["high"].median(), "runs": len(g), "better": g["better"].iloc[0], "published": ref["value"],
                      **{k: ref.get(k) for k in ("unit", "model", "source", "url", "differs")}})
     return pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
 
