@@ -92,26 +92,22 @@ def science_weights(runs: pd.DataFrame, parity_rows: pd.DataFrame, finals: pd.Da
         parts.append("identical weights to the single device's (sha256): "
                      + _listed([f"{e.removeprefix('science_')} {s}" for e, s in same]))
     if other:
-        keyed = finals.set_index(["experiment", "strategy", "test_set", "metric"])
-        gaps = []
-        for experiment, strategy in other:
-            mine = finals[(finals["experiment"] == experiment) & (finals["strategy"] == strategy)]
-            for r in mine.itertuples():
-                ref = keyed.loc[(experiment, "single", r.test_set, r.metric)] if (
-                    experiment, "single", r.test_set, r.metric) in keyed.index else None
-                if ref is not None and pd.notna(r.value):
-                    gaps.append((abs(r.value - ref["value"]), (ref["high"] - ref["low"]) / 2))
-        widest = max((g / w for g, w in gaps if w > 0), default=0.0)
+        single = finals[finals["strategy"] == "single"][["experiment", "test_set", "metric", "value", "low", "high"]]
+        pairs = finals.merge(single, on=["experiment", "test_set", "metric"], suffixes=("", "_single"))
+        pairs = pairs[[(e, s) in other for e, s in zip(pairs["experiment"], pairs["strategy"])]]
+        gap = (pairs["value"] - pairs["value_single"]).abs()
+        half_width = (pairs["high_single"] - pairs["low_single"]) / 2
         parts.append(_listed([f"{e.removeprefix('science_')} {s}" for e, s in other])
                      + " saved weights within rounding of the single device's, not identical; their domain metrics "
-                     + ("equal the single device's" if not any(g for g, _ in gaps) else
-                        f"differ from the single device's by at most {widest:.0%} of an interval's half-width"))
+                     + ("equal the single device's" if not (gap > 0).any() else
+                        f"differ from the single device's by at most {(gap / half_width).max():.0%} of an interval's "
+                        "half-width"))
     return "; ".join(parts) + "."
 
 
 def science_published(table: pd.DataFrame) -> str:
-    """science_published rows: how many metrics have a published figure, and the pod study that would close
-    part of the gap."""
+    """science_published rows: how many metrics have a published figure, and the farthest from the field and
+    the nearest (how many times worse, in the metric's direction)."""
     found = table[table["published"].notna()]
     missing = table[table["published"].isna()]
     text = (f"{len(found)} of {len(table)} metrics beside a published figure from a real domain model"

@@ -107,8 +107,8 @@ def published_rows(finals: pd.DataFrame, references: list[dict]) -> pd.DataFrame
         if ref is None:
             continue
         rows.append({"domain": domain, "metric": metric, "test_set": test_set, "value": g["value"].median(),
-                     "low": g["low"].median(), "high": g["high"].median(), "runs": len(g), "better": g["better"].iloc[0], "published": ref["value"],
-                     **{k: ref.get(k) for k in ("unit", "model", "source", "url", "differs")}})
+                     "low": g["low"].median(), "high": g["high"].median(), "runs": len(g), "better": g["better"].iloc[0],
+                     "published": ref["value"], **{k: ref.get(k) for k in ("unit", "model", "source", "url", "differs")}})
     return pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
 
 
