@@ -17,7 +17,7 @@ from helpers import REPO, TEST_EXPERIMENT
 from shardlab.config import deep_merge
 from shardlab.core.data import TokenBatches, fit_tokenizer
 from shardlab.errors import ConfigError
-from shardlab.core.model import snapshot_dir, snapshots
+from shardlab.core.model import padded_vocab_size, snapshot_dir, snapshots
 from shardlab.runner.loop import learning_rate, snapshot_due
 from shardlab.science import tokenization
 from shardlab.science.domains import compared
@@ -247,6 +247,8 @@ def test_fine_tuning_starts_from_the_pretrained_weights(tmp_path):
     record = pretrain(settings, base, REPO)
     assert record["tokenizer_used"] == "char" and (base / "tokenizers.test-base.csv").is_file()
     assert record["pretraining"]["final_val_loss"] < math.log(record["vocab_size"])  # it learned something
+    # The tokenizer's tokens, padded to embedding rows that split over TP degrees up to 128.
+    assert record["shape"]["vocab_size"] == padded_vocab_size(record["vocab_size"]) > record["vocab_size"]
     # The base model learns the domains' language, not their conditions: no tag in its corpus, though
     # its tokenizer spells the tags the fine-tuning adds.
     from transformers import AutoTokenizer
@@ -309,8 +311,6 @@ def test_ordered_map_keeps_order_and_forks_only_when_given_workers():
 
 
 def test_a_fitted_vocabulary_is_padded_for_tensor_parallelism():
-    from shardlab.core.model import padded_vocab_size
-
     assert [padded_vocab_size(n) for n in (1, 71, 128, 129)] == [128, 128, 128, 256]
     assert all(padded_vocab_size(71) % tp == 0 for tp in (2, 4, 8))
 
