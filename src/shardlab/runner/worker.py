@@ -91,10 +91,13 @@ def save_final_model(strategy, model, tokenizer_dir: Path, out: Path) -> None:
     state = strategy.full_state_dict()  # collective for sharded strategies: every rank calls it
     if state is None:
         return
-    expected = set(model.state_dict())
-    if set(state) != expected:  # save_pretrained would write it, and loading would leave the weights random
+    # Every parameter under the model's own name (a tied head may come once); save_pretrained would write any
+    # other names, and loading the model would leave its weights random.
+    missing = {name for name, _ in model.named_parameters()} - set(state)
+    unexpected = set(state) - set(model.state_dict())
+    if missing or unexpected:
         raise RuntimeError(f"{strategy.name}: the gathered state dict does not name the model's weights: missing "
-                           f"{sorted(expected - set(state))[:4]}, unexpected {sorted(set(state) - expected)[:4]}")
+                           f"{sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
     from transformers import AutoTokenizer
 
     model.save_pretrained(out, state_dict=state)
