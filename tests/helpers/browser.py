@@ -70,7 +70,11 @@ CHART_FAULTS = """function chartFaults(div) {
       .filter(b => b.width > 0 && b.height > 0);
     if (!boxes.length) continue;
     const ws = boxes.map(b => b.width), hs = boxes.map(b => b.height);
-    const thickness = same(ws) ? ws[0] : same(hs) ? hs[0] : Math.min(...boxes.map(b => Math.max(b.width, b.height)));
+    // Equal widths and heights (a box plot's boxes of near-equal spread): the bars' thickness is across the
+    // axis they are laid out along (side by side: their width; stacked: their height; one box: its larger side).
+    const along = same(boxes.map(b => b.left)) ? (same(boxes.map(b => b.top)) ? Math.max(ws[0], hs[0]) : hs[0]) : ws[0];
+    const thickness = same(ws) && same(hs) ? along : same(ws) ? ws[0] : same(hs) ? hs[0]
+      : Math.min(...boxes.map(b => Math.max(b.width, b.height)));
     if (thickness < 2) faults.push(`${name}: bars ${thickness.toFixed(1)} px thick`);
   }
   const cells = [...svg.querySelectorAll('g.mark-group.role-scope.cell > g > path.background')];
