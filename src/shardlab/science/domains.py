@@ -28,7 +28,7 @@ import numpy as np
 
 from shardlab.science.formats import ConditionalFormat
 from shardlab.science.language_model import LanguageModel
-from shardlab.science.measures import (accuracy_from_scores, bootstrap_interval, canonical_smiles, quality_indicators,
+from shardlab.science.measures import (bootstrap_interval, class_hits, canonical_smiles, quality_indicators,
                                        esol_logs, majority_accuracy, mean_absolute_error, posterior_median, spearman,
                                        unigram_nll, unigram_samples)
 
@@ -170,6 +170,7 @@ def evaluate_biology(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, se
     classes = sorted({label for label, _ in train} | set(truth))  # a class unseen in training is a candidate too
     tag_lp, body_lps, scored_chars = lm.score_grid([fmt.tag_text(cls) for cls in classes], bodies)
     scores = tag_lp + body_lps
+    hits = class_hits(scores, classes, truth)
     train_labels = [label for label, _ in train]
     majority = majority_accuracy(train_labels, truth)[0]
     true_class = (np.arange(len(test)), np.array([classes.index(t) for t in truth], int))
@@ -180,10 +181,9 @@ def evaluate_biology(lm: LanguageModel, fmt: ConditionalFormat, splits: Path, se
     context = f"per residue of the first {int(chars.max())} at most (the model's context), given the true class tag"
     return [
         row("biology", "test", "class_accuracy", f"majority class '{majority}'", len(test),
-            compared(lambda i: accuracy_from_scores(scores[i], classes, truth[i]),
-                     lambda i: majority_accuracy(train_labels, truth[i])[1], (len(test),), "higher", seed),
-            f"argmax over {len(classes)} class tags",
-            per_example=np.array(classes)[scores.argmax(axis=1)] == truth),
+            compared(mean_of(hits), lambda i: majority_accuracy(train_labels, truth[i])[1], (len(test),), "higher",
+                     seed),
+            f"argmax over {len(classes)} class tags", per_example=hits),
         row("biology", "test", "residue_perplexity", "residue-unigram model", len(test),
             compared(perplexity(-body_lp), perplexity(base_nll), (len(test),), "lower", seed), context),
     ]
