@@ -1,40 +1,50 @@
-"""Calibrate the planner's GPU efficiencies (costs/hardware.yaml) and print how well they predict
-points they were not fitted on (`shardlab.costs.calibration`):
+"""Calibrate each software stack's efficiencies on its own calibration rows and print how well the
+planner predicts every published row it was not calibrated on (`shardlab.costs.calibration`,
+`shardlab.costs.comparison`):
 
-    python scripts/calibrate-planner.py
+    python scripts/calibrate-planner.py            # fit, then score with the fitted values
+    python scripts/calibrate-planner.py --score    # score with the values in stacks.yaml only
 
-- A100: fitted on Korthikanti et al. 2022's eight iteration times; each model's error when the other
-  three are the calibration set (leave-one-model-out).
-- H100: fitted on MosaicML's FSDP rows of the calibration models and one Llama 3 405B configuration;
-  the error on the held-out rows of both.
-Write the printed values into the catalog by hand: a change of calibration is a reviewed edit.
+Write the printed values into costs/stacks.yaml by hand: a change of calibration is a reviewed edit.
 """
 
 from __future__ import annotations
 
-from statistics import mean
+import argparse
 
-from shardlab.costs import calibration, published
+from shardlab.costs import calibration, comparison
+
+
+def table(rows: list[dict], by: str) -> str:
+    lines = [f"{by:16s} held-out rows  mean |err| %  worst |err| %  bias %  calibration rows (mean |err| %)  false does-not-fit"]
+    for r in comparison.summary(rows, by):
+        lines.append(f"{r[by]:16s} {r['held_out_rows']:13d} {r['held_out_mean_abs_pct']:13.1f} {r['held_out_worst_abs_pct']:14.1f} "
+                     f"{r['held_out_bias_pct']:+7.1f} {r['calibration_rows']:17d} ({r['calibration_mean_abs_pct']:.1f}) "
+                     f"{r['false_does_not_fit']:18d}")
+    return "\n".join(lines)
 
 
 def main() -> None:
-    models = [p["name"] for p in published.reference()["models"]]
-    error, fitted = calibration.fit_megatron(models)
-    print(f"A100, all eight times: mean {error:.2f} % with {fitted}")
-    held = calibration.megatron_leave_one_out()
-    for row in held:
-        print(f"  left out {row['model']:5s} {row['mode']:15s} error {row['error_pct']:+6.1f} %")
-    print(f"  leave-one-model-out: mean {mean(abs(r['error_pct']) for r in held):.2f} %, "
-          f"worst {max(abs(r['error_pct']) for r in held):.2f} %")
-    error, fitted = calibration.fit_hopper()
-    print(f"H100, both sources' calibration rows: {error:.2f} % with {fitted}")
-    for source, rows in calibration.HOPPER_SOURCES.items():
-        for split, summary in published.summary(rows(fitted), by="split").items():
-            print(f"  {source} {split}: mean {summary['mean']:.2f} %, worst {summary['worst']:.2f} % "
-                  f"over {summary['n']} rows")
-    for row in published.llama3_rows(fitted):
-        print(f"  Llama 3 405B on {row['gpus']} GPUs, {row['seq_len']} tokens ({row['split']}): "
-              f"{row['predicted']:.1f} % MFU predicted, {row['published']} % reported")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--score", action="store_true", help="score the catalog's values without fitting")
+    args = parser.parse_args()
+    fitted: dict[str, dict] = {}
+    if not args.score:
+        for stack, generation in calibration.fitted_pairs():
+            error, values = calibration.fit(stack, generation)
+            fitted[stack] = values
+            print(f"{stack} on {generation}: calibration rows' mean |error| {error:.2f} % with {values}")
+    rows = comparison.results(fitted)
+    print()
+    print(table(rows, "source"))
+    print()
+    print(table(rows, "stack"))
+    print()
+    for r in rows:
+        mark = "cal " if r["split"] == "calibration" else "    "
+        print(f"{mark}{r['row']:20s} {r['model']:15s} {r['gpus']:6d} GPUs  {r['stack']:15s} published {r['published']:10.1f}  "
+              f"predicted {r['predicted']:10.1f} tokens/s/GPU  {r['error_pct']:+6.1f} %  "
+              f"{'fits' if r['fits'] else 'DOES NOT FIT'}  {r['plan']}")
 
 
 if __name__ == "__main__":

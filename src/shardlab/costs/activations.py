@@ -75,7 +75,7 @@ def measured_per_layer(activation_by_module: dict[str, int], n_layers: int) -> d
 
 
 SPLITS = ("none", "tensor", "tensor_sequence", "tensor_sequence_gathered")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 ATTENTION = ("flash", "sdpa", "eager", "ring")
 # How the probed runs store values (tests/test_cost_grid.py): fp32; bf16 under torch.autocast (the
 # torch-native strategies); bf16 with the module cast (DeepSpeed, FSDP2; CPU's bf16 LayerNorm keeps
@@ -96,7 +96,7 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     kernel as Megatron and FlashAttention run it: Q, K, V and a logsumexp; its output is the projection's
     input) | 'sdpa' (what transformers' SDPA path saves in our GPT-NeoX, see the module docstring) |
     'eager' (scores, softmax; dropout's mask and output) | 'ring'; recompute: 'none' | 'selective' (the attention core's inputs
-    Q, K, V are kept, the rest recomputed) | 'full' (only the layer input); kv_heads: for GQA;
+    Q, K, V are kept, the rest recomputed) | 'op' (`_per_op_saved`) | 'full' (only the layer input); kv_heads: for GQA;
     mlp: 'gelu' (GeLU input and output) | 'swiglu' (fused: gate and up outputs, their product);
     autocast: bf16 compute over fp32 weights (fp32 residual stream, bf16 weight copies);
     norm_stats_bytes: per LayerNorm statistic value (0: left out, as the paper does); weight_copies: False
@@ -109,6 +109,8 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     copy = v if autocast and weight_copies else 0  # bytes per weight element of autocast's saved bf16 weight copies
     if recompute == "full":
         return dict(dict.fromkeys(COMPONENTS, 0.0), residual=by.sp(residual_bytes * sbh))
+    if recompute == "op":
+        return _per_op_saved(by, sb, h, a, v, residual_bytes, kv_width, intermediate, mlp)
     inputs = 1 if residual == "parallel" else 2
     # Saved width-i tensors (GeLU: its input and output; fused SwiGLU: gate, up, their product), and as
     # many weight matrices of h x i (up, down; gate, up, down).
@@ -127,6 +129,18 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
         "mlp": by.column_input(v * sbh) + by.tp(wide * v * sb * intermediate + copy * wide * h * intermediate),
         "residual": 0.0,
     }
+
+
+def _per_op_saved(by: _Splitter, sb: int, h: int, a: int, v: int, residual_bytes: int, kv_width: float,
+                  intermediate: int, mlp: str) -> dict[str, float]:
+    """Per-op selective checkpointing as torchtitan applies it to a layer with separate Q, K, V, output
+    and MLP projections: the layer's input, the attention kernel's output and logsumexp, and the output
+    of every other matrix product in forward order (Q, V, the first MLP projection and, in a SwiGLU
+    MLP, the down projection) are saved; the other products and every element-wise op are recomputed."""
+    down = by.sp(v * sb * h) if mlp == "swiglu" else 0.0
+    return dict(dict.fromkeys(COMPONENTS, 0.0), residual=by.sp(residual_bytes * sb * h),
+                qkv=by.tp(v * sb * (h + kv_width)), attention_core=by.tp(v * sb * h + 4 * a * sb),
+                mlp=by.tp(v * sb * intermediate) + down)
 
 
 def _attention_saved(s: int, b: int, h: int, a: int, v: int, attention: str, dropout: bool,

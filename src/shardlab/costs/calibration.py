@@ -1,51 +1,37 @@
-"""How the planner's GPU efficiencies are calibrated, and how well they predict points they were not
-calibrated on.
+"""How each stack's efficiencies are calibrated, on its own calibration rows only.
 
-The efficiencies (`hardware.yaml`) are a few named, bounded physical factors: achieved GEMM share of
-peak and its half-performance width, a fused attention kernel's share of peak, element-wise HBM
-traffic per stored activation byte, achieved share of link bandwidth, and how much communication
-compute hides. A fit is a coordinate descent over each factor's grid (every factor in turn, its best
-value kept, until a round improves nothing): no free-form parameters, nothing per point.
+A stack lists, per hardware generation, the factors it fits (`stacks.yaml`, `fit`); published.yaml marks
+its calibration rows (at most a quarter of a source). A fit is a coordinate descent over each factor's
+grid (every factor in turn, its best value kept, until a round improves nothing), starting from the
+generation's prior: no free-form parameters, nothing per point, and no held-out row in the loss. The
+accuracy the report states is the held-out rows' error (`costs.comparison.summary`).
 
-- A100 (Megatron, Korthikanti et al. 2022 Table 5): the shared efficiencies are fitted on all eight
-  iteration times; their accuracy is the leave-one-model-out error (fit on three models, predict
-  the fourth).
-- H100: the Hopper efficiencies are fitted on two sources at once, each weighing half: MosaicML's MPT
-  benchmarks (PyTorch FSDP, the rows of the set's `calibration_models`) and one of Llama 3 405B's
-  three reported configurations (Meta's 4D parallelism at 8K sequence on 8,192 GPUs). Their accuracy
-  is the error on the rest: the other MPT models, and Llama 3 at 16,384 GPUs with 8K and 128K
-  sequences. One source alone does not identify them: MPT's narrow matrices and short sequences
-  cannot tell a GEMM's rate on Llama's wide shards, nor the attention kernel's on long rows.
-
-`python scripts/calibrate-planner.py` runs both fits and prints the values to write into the catalog.
+`python scripts/calibrate-planner.py` runs every fit and prints the values to write into stacks.yaml.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from statistics import mean
 
-from shardlab.costs import published
+from shardlab.costs import comparison, published, stacks
 
-A100_GRID = {
-    "gemm": [round(0.70 + 0.02 * k, 2) for k in range(13)],
+# Each factor's grid spans what is physically plausible, no further: the best dense GEMMs reach about
+# 0.8-0.9 of a datasheet peak; a causal attention kernel, counted on the whole score matrix, computes
+# half of it, so up to twice its hardware share (about 0.6); element-wise kernels move a few bytes per
+# stored byte; a stack's collectives reach at most NCCL's own bus bandwidth.
+GRIDS = {
+    "gemm": [round(0.40 + 0.02 * k, 2) for k in range(26)],
     "gemm_half_width": [0, 100, 200, 300, 400, 600, 800, 1000, 1500],
-    "elementwise_passes": [0.5, 1, 2, 3],
-    "link_intra_node": [0.4, 0.5, 0.6, 0.7, 0.8],
-    "link_inter_node": [0.4, 0.5, 0.6, 0.7, 0.8],
-}
-H100_GRID = {
-    "gemm": [round(0.40 + 0.02 * k, 2) for k in range(28)],
-    "gemm_half_width": [0, 100, 200, 300, 400, 600, 800, 1000, 1500],
-    "gemm_half_tokens": [0, 256, 512, 1024, 2048, 4096, 8192],
-    "flash_attention": [round(0.15 + 0.05 * k, 2) for k in range(13)],
+    "gemm_half_tokens": [0, 256, 512, 1024, 2048, 4096],
+    "flash_attention": [round(0.15 + 0.05 * k, 2) for k in range(22)],
     "flash_attention_half_keys": [0, 256, 512, 1024, 2048, 4096],
-    "elementwise_passes": [0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8],
-    "link_intra_node": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
-    "link_inter_node": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
-    "overlap": [0.0, 0.25, 0.5, 0.75, 0.9, 1.0],
+    "elementwise_passes": [0.25, 0.5, 1, 1.5, 2, 3, 4],
+    "collective_efficiency": [0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0],
 }
 MAX_ROUNDS = 8
+RESTARTS = 12
 
 
 def coordinate_descent(loss: Callable[[dict], float], grid: dict[str, list], start: dict) -> tuple[float, dict]:
@@ -64,47 +50,40 @@ def coordinate_descent(loss: Callable[[dict], float], grid: dict[str, list], sta
     return current, best
 
 
-def _start(grid: dict) -> dict:
-    """Every factor at the middle of its grid: a start that knows nothing of any point (starting from
-    the catalog's values would leak a held-out point's fit into its own prediction)."""
-    return {name: values[len(values) // 2] for name, values in grid.items()}
+def calibration_rows(stack: str, generation: str) -> list[published.Row]:
+    return [r for r in published.rows() if r.stack == stack and r.generation == generation and r.split == "calibration"]
 
 
-# --- A100: Korthikanti et al. 2022 -----------------------------------------------------------------------
-def megatron_time_rows(overrides: dict | None = None, models: list[str] | None = None) -> list[dict]:
-    return [r for r in published.rows(overrides)
-            if r["quantity"] == "iteration_time_s" and (models is None or r["model"] in models)]
+def stack_loss(stack: str, generation: str) -> Callable[[dict], float]:
+    """Mean absolute throughput error (%) of the stack's calibration rows on `generation` under trial factors."""
+    rows = calibration_rows(stack, generation)
+    if not rows:
+        raise ValueError(f"{stack} has no calibration rows on {generation} in published.yaml")
+    return lambda factors: mean(abs(comparison.row_result(r, factors)["error_pct"]) for r in rows)
 
 
-def fit_megatron(models: list[str]) -> tuple[float, dict]:
-    """The A100 efficiencies that best predict these models' iteration times (mean absolute error, %)."""
-    loss = lambda o: mean(abs(r["error_pct"]) for r in megatron_time_rows(o, models))  # noqa: E731
-    return coordinate_descent(loss, A100_GRID, _start(A100_GRID))
+def starts(names: list[str], prior: dict, n: int = RESTARTS) -> list[dict]:
+    """Where the descent starts: the prior, and `n` points drawn from the grids (a fixed seed, so a fit
+    is reproducible). One start can stall where two factors trade off: a fast GEMM and a slow
+    attention kernel fit some rows as well as the reverse."""
+    draw = random.Random(0)
+    return [{k: prior[k] for k in names}, *({k: draw.choice(GRIDS[k]) for k in names} for _ in range(n))]
 
 
-def megatron_leave_one_out() -> list[dict]:
-    """Each model's iteration times predicted by efficiencies fitted on the other three models."""
-    models = [p["name"] for p in published.reference()["models"]]
-    out = []
-    for held in models:
-        _, fitted = fit_megatron([m for m in models if m != held])
-        for row in megatron_time_rows(fitted, [held]):
-            out.append({**row, "fitted_on": ", ".join(m for m in models if m != held),
-                        **{f"fitted_{k}": v for k, v in fitted.items()}})
-    return out
+def fit(stack: str, generation: str) -> tuple[float, dict]:
+    """The stack's `fit` factors on `generation` that best predict its calibration rows: the best of a
+    coordinate descent from each of `starts`."""
+    names = stacks.get(stack).fit[generation]
+    prior = stacks.catalog()["prior"][generation]
+    base, _ = stacks.efficiencies(stack, generation)
+    loss = stack_loss(stack, generation)
+    grid = {n: GRIDS[n] for n in names}
+    return min((coordinate_descent(lambda trial: loss({**base, **trial}), grid, start) for start in starts(names, prior)),
+               key=lambda fitted: fitted[0])
 
 
-# --- H100: MosaicML's FSDP benchmarks and Llama 3 405B ---------------------------------------------
-HOPPER_SOURCES = {"fsdp_h100": published.fsdp_rows, "llama3_405b": published.llama3_rows}
-
-
-def hopper_loss(overrides: dict) -> float:
-    """Mean over the Hopper sources of each source's mean absolute error (%) on its calibration rows:
-    each published source weighs the same, however many rows it has."""
-    return mean(mean(abs(r["error_pct"]) for r in rows(overrides) if r["split"] == "calibration")
-                for rows in HOPPER_SOURCES.values())
-
-
-def fit_hopper() -> tuple[float, dict]:
-    """The H100 efficiencies that best predict both sources' calibration rows (`hopper_loss`)."""
-    return coordinate_descent(hopper_loss, H100_GRID, _start(H100_GRID))
+def fitted_pairs() -> list[tuple[str, str]]:
+    """(stack, generation) pairs that fit factors, in an order where a stack whose kernels come from
+    another (`kernels_from`) follows it."""
+    pairs = [(name, gen) for name, s in stacks.stacks().items() for gen in s.fit]
+    return sorted(pairs, key=lambda p: stacks.get(p[0]).kernels_from is not None)

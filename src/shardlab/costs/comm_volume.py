@@ -54,7 +54,7 @@ def gradient_bytes(plan: Plan) -> int:
     autocast and Megatron's main gradients are fp32, and so is FSDP2's reduction under the mixed
     precision this project and torchtitan configure (MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32); FSDP1's "DEFAULT" policy in llm-foundry is the same)."""
-    return 2 if plan.dtype != "fp32" and plan.framework == "deepspeed" else 4
+    return 2 if plan.dtype != "fp32" and plan.framework in ("deepspeed", "mcore") else 4
 
 
 def parameter_bytes(plan: Plan) -> int:
@@ -81,7 +81,7 @@ def tp_calls(model: ModelShape, plan: Plan, workload: Workload, layers: int) -> 
         return []
     act = activation_message(model, plan, workload)
     n = TP_COLLECTIVES_PER_LAYER // 2 * layers
-    again = TP_COLLECTIVES_PER_RECOMPUTE * layers if plan.recompute == "full" else 0
+    again = {"full": TP_COLLECTIVES_PER_RECOMPUTE, "op": 1}.get(plan.recompute, 0) * layers  # op saves the reduce-scatters
     if plan.sp:
         return [Call(c, act, count, plan.tp, f"SP {when} {c.replace('_', '-')}")
                 for when, count in (("forward", n), ("backward", n), ("recomputed", again))
@@ -121,6 +121,12 @@ def pipeline_calls(model: ModelShape, plan: Plan, workload: Workload) -> list[Ca
             Call("sendrecv", msg, plan.virtual_stages, plan.pp, "PP activation gradient (backward)")]
 
 
+def sharded_per_micro_batch(plan: Plan) -> bool:
+    """Whether gradients are reduce-scattered every micro-batch (ZeRO-2/3, FSDP2), not once per step
+    (ZeRO-1 and Megatron's distributed optimizer, which accumulate locally first)."""
+    return plan.zero >= 2
+
+
 def parameter_gathers(plan: Plan) -> int:
     """How often per micro-batch the plan all-gathers its sharded parameters: ZeRO-3 and FSDP2's full
     resharding for forward and again for backward, FSDP2 keeping them from forward to backward once."""
@@ -130,7 +136,7 @@ def parameter_gathers(plan: Plan) -> int:
 def micro_batch_sync(plan: Plan, params: float, group: int) -> list[Call]:
     """Per micro-batch, ZeRO-2/3 and FSDP2 reduce-scatter the gradients of `params` as backward makes
     them, and gather the sharded parameters (`parameter_gathers`)."""
-    if group < 2 or not params or plan.zero < 2:
+    if group < 2 or not params or not sharded_per_micro_batch(plan):
         return []
     gathers = parameter_gathers(plan)
     when = "(forward, backward)" if gathers == 2 else "(forward)"
@@ -146,7 +152,8 @@ def step_sync(plan: Plan, params: float, group: int, model: ModelShape | None = 
         return []
     if plan.zero == 0:
         return all_reduce_calls(plan, params, group, model)
-    calls = [Call("reduce_scatter", params * gradient_bytes(plan), 1, group, "gradient reduce-scatter")] if plan.zero == 1 else []
+    once = not sharded_per_micro_batch(plan)
+    calls = [Call("reduce_scatter", params * gradient_bytes(plan), 1, group, "gradient reduce-scatter")] if once else []
     if plan.zero in (1, 2) and not parameter_gathers(plan):
         calls.append(Call("all_gather", params * parameter_bytes(plan), 1, group, "parameter all-gather"))
     return calls

@@ -74,7 +74,7 @@ def _row(config: str, quantity: str, tool: str, theirs: float, ours: float, why:
 def deepspeed_rows(name: str, model: ModelShape, gpus: int) -> list[dict]:
     rows = []
     for stage, offload in ((2, False), (3, False), (3, True)):
-        plan = Plan(dp=gpus, zero=stage, offload="optimizer+params" if offload else "none")
+        plan = Plan(dp=gpus, zero=stage, framework="deepspeed", offload="optimizer+params" if offload else "none")
         states = rank_memory.model_states(plan, model.parameters(), 0)
         ours = states.device_peak_bytes
         label = f"{name}, {gpus} GPUs, bf16, ZeRO-{stage}{' offload' if offload else ''}"

@@ -25,14 +25,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from shardlab.costs import hardware
+from shardlab.costs import hardware, stacks
 from shardlab.costs.shapes import ModelShape, cuts_evenly
 from shardlab.costs.sharded_states import MOMENT_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")  # selective: the attention core; op: per-op checkpointing
 OFFLOAD = ("none", "optimizer", "optimizer+params")
-FRAMEWORKS = ("deepspeed", "fsdp2", "megatron", "torch")  # torch: plain replicas (DDP, hand-written TP/PP/CP/EP)
+# torch: plain replicas (DDP, hand-written TP/PP/CP/EP); megatron: fp32 main gradients (Megatron-LM);
+# mcore: compute-dtype gradients (Megatron-Core, NeMo's distributed fused Adam)
+FRAMEWORKS = ("deepspeed", "fsdp2", "megatron", "mcore", "torch")
 ATTENTION = ("flash", "sdpa", "eager", "ring")  # ring: a hand-written blockwise kernel (q, k, v, output, logsumexp)
 DTYPES = ("bf16", "fp16", "fp32")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -49,13 +51,14 @@ class Plan:
     tp: int = 1
     sp: bool = False
     sp_gathered_inputs: bool = False  # SP that keeps the all-gathered column inputs (DTensor's SequenceParallel)
+    tp_overlap: bool = False  # TP collectives overlapped with the GEMMs (Transformer Engine userbuffers, async TP)
     pp: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
     cp: int = 1
     ep: int = 1
     zero: int = 0
-    framework: str = "deepspeed"
+    framework: str = "torch"
     offload: str = "none"
     micro_batch: int = 1
     recompute: str = "none"
@@ -100,7 +103,7 @@ class Plan:
         return out
 
     def label(self) -> str:
-        parts = [f"dp{self.dp}", f"tp{self.tp}{'+sp' if self.sp else ''}", f"pp{self.pp}"]
+        parts = [f"dp{self.dp}", f"tp{self.tp}{'+sp' if self.sp else ''}{'+ov' if self.tp_overlap else ''}", f"pp{self.pp}"]
         if self.pp > 1:
             parts.append(self.schedule + (f"(v{self.virtual_stages})" if self.virtual_stages > 1 else ""))
         parts += [f"cp{self.cp}"] if self.cp > 1 else []
@@ -141,9 +144,10 @@ class Cluster:
         entry = hardware.by_name(self.accelerator)
         return {**entry, **self.overrides}
 
-    def device_figures(self) -> dict:
-        """The accelerator's catalog figures with the what-if overrides and this cluster's node size."""
-        return {**self.device, "gpus_per_node": self.gpus_per_node}
+    def figures(self, stack: str | None = None) -> dict:
+        """What a prediction on this cluster under `stack` reads (`costs.stacks.figures`): the
+        accelerator's figures, the stack's schedule and efficiencies, the what-ifs, the node size."""
+        return stacks.figures(self.accelerator, stack, {**self.overrides, "gpus_per_node": self.gpus_per_node})
 
     def scaled(self, **factors: float) -> Cluster:
         """A what-if: the same cluster with some catalog figures multiplied (e.g. network_gbps=2)."""
@@ -155,11 +159,12 @@ class Cluster:
 class Workload:
     global_batch: int  # sequences per optimizer step
     seq_len: int
+    dropout: float = 0.0  # hidden dropout probability: > 0 stores a mask per dropout (and eager attention's)
 
     @classmethod
     def from_training(cls, training: dict) -> Workload:
         """From an experiment's `training` settings."""
-        return cls(training["global_batch_size"], training["seq_len"])
+        return cls(training["global_batch_size"], training["seq_len"], training.get("dropout", 0.0))
 
 
 def micro_batches(plan: Plan, workload: Workload) -> int:
@@ -167,9 +172,9 @@ def micro_batches(plan: Plan, workload: Workload) -> int:
     return workload.global_batch // (plan.dp * plan.micro_batch)
 
 
-def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload) -> str | None:
-    """Why `plan` cannot run `model` on `cluster` at `workload` (the first reason, starting with the
-    field at fault), or None. A plain chain of ifs: the search calls it for every candidate."""
+def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload, stack: str | None = None) -> str | None:
+    """Why `plan` cannot run `model` on `cluster` at `workload` under `stack` (the first reason, starting
+    with the field at fault), or None. A plain chain of ifs: the search calls it for every candidate."""
     p, w = plan, workload
     for name, allowed in CHOICES.items():
         if getattr(p, name) not in allowed:
@@ -187,6 +192,8 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
         return f"tp: {model.kv_heads} KV heads do not split over tp={p.tp}"
     if p.sp and p.tp == 1:
         return "sp: sequence parallelism needs tp > 1"
+    if p.tp_overlap and p.tp == 1:
+        return "tp_overlap: there are no tensor-parallel collectives to overlap (tp=1)"
     if p.sp_gathered_inputs and not p.sp:
         return "sp_gathered_inputs: only sequence parallelism gathers its inputs"
     if w.seq_len % p.cp:
@@ -221,7 +228,7 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
         return f"offload: only DeepSpeed ZeRO-1..3 offloads ({p.framework} ZeRO-{p.zero} was asked)"
     if p.offload == "optimizer+params" and p.zero != 3:
         return "offload: parameters offload only at ZeRO-3"
-    if p.framework == "megatron" and p.zero > 1:
+    if p.framework in ("megatron", "mcore") and p.zero > 1:
         return "zero: Megatron's distributed optimizer shards optimizer state only (zero 0 or 1)"
     if p.framework == "torch" and p.zero:
         return "zero: plain PyTorch replicas shard nothing (zero 0)"
@@ -231,4 +238,6 @@ def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workloa
         return "whole_embedding_grad: only tensor parallelism splits the embedding"
     if p.framework == "fsdp2" and p.zero not in (2, 3):
         return "zero: FSDP2 shards gradients and parameters (zero 2 or 3)"
-    return None
+    if not 0 <= w.dropout < 1:
+        return f"dropout: {w.dropout} is not a probability in [0, 1)"
+    return stacks.rejection(p, stack)

@@ -1,10 +1,16 @@
 """`python -m shardlab plan evaluate|search`: the cost model from the command line.
 
     python -m shardlab plan evaluate --model pythia-6.9b --hardware "H100-80GB SXM" --nodes 1 \\
-        --global-batch 256 --seq-len 2048 --plan dp=8,zero=3,micro_batch=2
+        --global-batch 256 --seq-len 2048 --stack fsdp --plan dp=8,framework=fsdp2,zero=3,micro_batch=2
     python -m shardlab plan evaluate ... --plans plans.csv       # one line per plan of the file
     python -m shardlab plan search --model llama3-405b --hardware "H100-80GB SXM" --nodes 2048 \\
         --global-batch 2048 --seq-len 8192 --top 5 --fix tp=8,pp=16 --no cp [--json]
+
+Every prediction is for a software stack (--stack; stacks.yaml's default otherwise): what it can run
+(sharding accounting, recompute granularities, TP overlap), how it overlaps its communication, and
+its efficiencies on the hardware's generation, calibrated on its own published runs or borrowed from
+another stack. The output states the stack's error band on held-out published runs and flags an MFU
+above any published for that hardware generation and stack.
 
 evaluate prints a plan's memory by category and its step by component, with tokens/s, MFU, HFU
 (recomputed forward work counted) and TFLOP/s per GPU; it exits 1 with the reason (the field at
@@ -24,33 +30,17 @@ from pathlib import Path
 
 import yaml
 
-from shardlab.costs import hardware
+from shardlab.costs import comparison, hardware, stacks
 from shardlab.costs.plan import Cluster, Plan, Workload
 from shardlab.costs.plan_fields import (TYPES, PlanFieldError, fields_help, parse_fields, parse_plan, parse_value,
                                         read_plans)
 from shardlab.costs.predict import Prediction, evaluate
 from shardlab.costs.rank_memory import MEMORY_CATEGORIES
 from shardlab.costs.search import FIXABLE, TECHNIQUES, SearchResult, Space, search
-from shardlab.costs.shapes import ModelShape
+from shardlab.costs.shapes import ModelShape, known_models, model_shape  # noqa: F401 (the CLI's names)
 from shardlab.errors import ConfigError
 
-MODELS = Path(__file__).with_name("models.yaml")
 GB = 1e9
-
-
-@lru_cache(maxsize=1)
-def known_models() -> dict:
-    return yaml.safe_load(MODELS.read_text())
-
-
-def model_shape(name_or_path: str) -> ModelShape:
-    """A named shape (models.yaml) or a config file (HF config.json, YAML)."""
-    if name_or_path in known_models():
-        return ModelShape.from_dict(known_models()[name_or_path])
-    path = Path(name_or_path)
-    if not path.exists():
-        raise ValueError(f"{name_or_path!r} is neither a known model ({', '.join(known_models())}) nor a file")
-    return ModelShape.from_dict(yaml.safe_load(path.read_text()))
 
 
 @dataclass(frozen=True)
@@ -63,20 +53,23 @@ class Scenario:
     workload: Workload
     space: Space
     description: str = ""
+    stack: str = ""
 
 
 def scenario(entry: dict, where: str) -> Scenario:
     """A config entry as a Scenario; a ConfigError naming the field for an unknown model or accelerator."""
     if entry["model"] not in known_models():
         raise ConfigError(f"{where}.model", f"unknown model {entry['model']!r} (known: {', '.join(known_models())})")
-    try:
-        hardware.by_name(entry["hardware"])
-    except KeyError as err:
-        raise ConfigError(f"{where}.hardware", err.args[0]) from None
+    for field, check in (("hardware", hardware.by_name), ("stack", stacks.get)):
+        try:
+            check(entry.get(field))
+        except KeyError as err:
+            raise ConfigError(f"{where}.{field}", err.args[0]) from None
     cluster = Cluster(entry["hardware"], entry["nodes"], entry.get("gpus_per_node", 8), entry.get("host_memory_gb"))
     space = Space(**{k: tuple(v) for k, v in entry.get("space", {}).items()})
     return Scenario(entry["name"], model_shape(entry["model"]), cluster,
-                    Workload(entry["global_batch"], entry["seq_len"]), space, entry.get("description", ""))
+                    Workload(entry["global_batch"], entry["seq_len"], entry.get("dropout", 0.0)), space,
+                    entry.get("description", ""), stacks.get(entry.get("stack")).name)
 
 
 def scenarios(planning: dict) -> list[Scenario]:
@@ -90,6 +83,13 @@ def what_if_item(text: str) -> tuple[str, float]:
         return key.strip(), float(factor)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not figure=factor (e.g. network_gbps=2)") from None
+
+
+def stack_name(name: str) -> str:
+    try:
+        return stacks.get(name).name
+    except KeyError as err:
+        raise ValueError(err.args[0]) from None
 
 
 def accelerator(name: str) -> str:
@@ -116,6 +116,16 @@ def values_of(name: str):
     return argument(lambda text: tuple(parse_value(name, v) for v in text.split(",")))
 
 
+def stack_line(stack: str, cluster: Cluster) -> str:
+    """The stack a prediction is for, where its efficiencies come from, and its error band."""
+    generation = cluster.device["generation"]
+    _, lender = stacks.efficiencies(stack, generation)
+    band, basis = comparison.error_band(stack, generation)
+    source = ("calibrated on its published runs" if lender == stack else
+              f"efficiencies borrowed from {lender}" if lender else "the generation's prior efficiencies")
+    return f"stack: {stack} on {generation} ({source}); expect within +/-{band:.0f} %: {basis}"
+
+
 def render_prediction(p: Prediction) -> str:
     lines = [f"plan: {p.plan.label()}",
              f"memory per device (fullest rank): {p.device_bytes / GB:.1f} GB of {p.capacity_bytes / GB:.1f} GB usable"
@@ -126,6 +136,8 @@ def render_prediction(p: Prediction) -> str:
         lines.append(f"step {p.step_s:.3f} s, {p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, HFU {p.hfu:.1%}, "
                      f"{p.tflops_per_gpu:.0f} TFLOP/s per GPU, bottleneck: {p.bottleneck}")
         lines += [f"  {k:14s} {v:9.4f} s" for k, v in p.time.items() if v]
+    if p.flag:
+        lines.append(f"implausible: {p.flag}")
     return "\n".join(lines)
 
 
@@ -137,7 +149,9 @@ def render_rates(p: Prediction) -> str:
 def render_search(r: SearchResult) -> str:
     lines = [f"{r.candidates:,} candidate plans in {r.seconds:.1f} s: {r.fitting:,} fit, "
              f"{r.candidates - r.fitting:,} rejected"]
-    lines += [f"{i:3d}. {render_rates(p)}  {p.bottleneck:12s}  {p.plan.label()}" for i, p in enumerate(r.ranked, 1)]
+    lines += [f"{i:3d}. {render_rates(p)}  {p.bottleneck:12s}  {p.plan.label()}{'  [implausible]' if p.flag else ''}"
+              for i, p in enumerate(r.ranked, 1)]
+    lines += [f"implausible: {p.flag}" for p in r.ranked[:1] if p.flag]
     lines.append("rejected:")
     lines += [f"  {n:9,d} {kind:14s} e.g. {r.examples[kind]}" for kind, n in r.rejected.most_common()]
     return "\n".join(lines)
@@ -177,6 +191,11 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--host-memory-gb", type=float, default=None, help="per node (default: unlimited)")
     out.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     out.add_argument("--seq-len", type=int, required=True)
+    out.add_argument("--dropout", type=float, default=0.0,
+                     help="hidden dropout probability; above 0 every dropout keeps a mask (e.g. 0.1 as GPT-3 trained)")
+    out.add_argument("--stack", type=argument(stack_name), default=stacks.default(),
+                     help=f"the software stack that runs the plan (default {stacks.default()}): "
+                          + "; ".join(f"{s.name}: {s.description}" for s in stacks.stacks().values()))
     out.add_argument("--what-if", nargs="*", default=[], type=what_if_item,
                      help="catalog figure=factor, e.g. network_gbps=2 hbm_gb=1.5")
     out.add_argument("--json", action="store_true")
@@ -216,35 +235,37 @@ def run_search(args, model: ModelShape, cluster: Cluster, workload: Workload, cl
         space = search_space(args)
     except ValueError as err:
         cli.error(f"--fix: {err}")
-    result = search(model, cluster, workload, top=args.top, space=space)
+    result = search(model, cluster, workload, top=args.top, space=space, stack=args.stack)
     if not result.candidates:
         print(f"no candidate plan satisfies the constraints on {cluster.gpus} GPUs: the degrees must multiply to "
               f"dp x tp x pp x cp = {cluster.gpus}, and --fix and --no must not contradict each other")
         return 1
-    print(json.dumps(search_json(result), indent=1) if args.json else render_search(result))
+    print(json.dumps(search_json(result), indent=1) if args.json else
+          f"{stack_line(args.stack, cluster)}\n{render_search(result)}")
     return 0 if result.ranked else 1
 
 
 def run_evaluate(args, model: ModelShape, cluster: Cluster, workload: Workload, cli: argparse.ArgumentParser) -> int:
     if args.plans is None:
-        return evaluate_one(args.plan, model, cluster, workload, args.json)
+        return evaluate_one(args.plan, model, cluster, workload, args.stack, args.json)
     try:
         plans = read_plans(args.plans)
     except PlanFieldError as err:
         cli.error(f"--plans {err}")
-    outcomes = [evaluate(model, plan, cluster, workload) for plan in plans]
+    outcomes = [evaluate(model, plan, cluster, workload, args.stack) for plan in plans]
     print(json.dumps([outcome_json(*pair) for pair in zip(plans, outcomes)], indent=1) if args.json
           else render_outcomes(outcomes, plans))
     return 0
 
 
-def evaluate_one(plan: Plan, model: ModelShape, cluster: Cluster, workload: Workload, as_json: bool) -> int:
+def evaluate_one(plan: Plan, model: ModelShape, cluster: Cluster, workload: Workload, stack: str, as_json: bool) -> int:
     """Print the plan's prediction; 1 (and why) if it cannot run or does not fit, else 0."""
-    result = evaluate(model, plan, cluster, workload)
+    result = evaluate(model, plan, cluster, workload, stack)
     if isinstance(result, str):
         print(json.dumps(outcome_json(plan, result)) if as_json else f"rejected: {result}")
         return 1
-    print(json.dumps(result.as_dict(), indent=1) if as_json else render_prediction(result))
+    print(json.dumps(result.as_dict(), indent=1) if as_json else
+          f"{stack_line(stack, cluster)}\n{render_prediction(result)}")
     if not result.fits:
         print(f"does not fit: {result.why}", file=sys.stderr if as_json else sys.stdout)
         return 1
@@ -261,4 +282,4 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(f"--what-if: {err.args[0]!r} is not a catalog figure of {args.hardware} "
                   f"({', '.join(k for k, v in cluster.device.items() if isinstance(v, (int, float)))})")
     run = run_evaluate if args.mode == "evaluate" else run_search
-    return run(args, args.model, cluster, Workload(args.global_batch, args.seq_len), cli)
+    return run(args, args.model, cluster, Workload(args.global_batch, args.seq_len, args.dropout), cli)

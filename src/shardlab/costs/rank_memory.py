@@ -16,7 +16,6 @@ from shardlab.costs.activations import PRECISIONS, layer_bytes
 from shardlab.costs.plan import Plan, Workload, micro_batches
 from shardlab.costs.shapes import EMBED, HEAD, ModelShape, stage_units
 
-USABLE_MEMORY = 0.92  # of HBM: CUDA context (~0.5-1 GB) and allocator fragmentation take the rest
 ZERO3_PREFETCH_LAYERS = 2  # layers of gathered parameters FSDP2 holds at once (the running block + the prefetched one)
 # DeepSpeed ZeRO-3 bounds what it holds gathered by parameter count instead (its defaults, deepspeed/runtime/zero/
 # config.py): at most stage3_max_live_parameters, though the module running is always whole, plus the prefetch bucket.
@@ -101,17 +100,18 @@ def embedding_gradient_bytes(model: ModelShape, plan: Plan, rank: int) -> float:
 
 
 def activation_layer_bytes(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
-                           dropout: bool = False, weight_copies: bool = True) -> float:
+                           weight_copies: bool = True) -> float:
     """Bytes one layer stores for one micro-batch on one rank (MoE: top_k routed copies of the MLP's)."""
-    return sum(activation_layer_parts(model, plan, workload, recompute, dropout, weight_copies).values())
+    return sum(activation_layer_parts(model, plan, workload, recompute, weight_copies).values())
 
 
 def activation_layer_parts(model: ModelShape, plan: Plan, workload: Workload, recompute: str | None = None,
-                           dropout: bool = False, weight_copies: bool = True) -> dict:
-    """`activation_layer_bytes` by component (costs.activations.COMPONENTS); read-only (cached)."""
+                           weight_copies: bool = True) -> dict:
+    """`activation_layer_bytes` by component (costs.activations.COMPONENTS); read-only (cached). Dropout
+    masks are stored where the workload's dropout is above zero."""
     return _layer_parts(model, workload.seq_len // plan.cp, plan.micro_batch, plan.tp, plan.activation_split,
-                        plan.activation_precision, plan.attention, dropout, recompute or plan.recompute, weight_copies,
-                        model.num_experts // plan.ep)
+                        plan.activation_precision, plan.attention, workload.dropout > 0, recompute or plan.recompute,
+                        weight_copies, model.num_experts // plan.ep)
 
 
 @lru_cache(maxsize=65536)
@@ -123,7 +123,7 @@ def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, stored: 
                         residual=model.residual, attention=attention,
                         dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp,
                         weight_copies=weight_copies)
-    if model.num_experts and recompute != "full":
+    if model.num_experts and recompute not in ("full", "op"):
         routed = routed_expert_bytes(model, s * b, t, how["value_bytes"], width)
         if how["autocast"] and weight_copies:  # autocast copies every local expert's weights, not one MLP's
             routed += (local_experts - 1) * how["value_bytes"] * model.mlp_matrices * model.hidden_size * width / t
@@ -173,29 +173,28 @@ def live_micro_batches(schedule: str, p: int, v: int, m: int, rank: int) -> tupl
     return tuple(s for s in seen if not any(o != s and all(a >= b for a, b in zip(o, s)) for o in seen))
 
 
-def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False) -> float:
+def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int) -> float:
     """What the transformer layers of pipeline rank `rank` store at its peak over the schedule."""
-    return activation_bytes(model, plan, workload, rank, dropout, edges=False)
+    return activation_bytes(model, plan, workload, rank, edges=False)
 
 
-def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, dropout: bool = False,
-                     edges: bool = True) -> float:
+def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, edges: bool = True) -> float:
     """Activation bytes of pipeline rank `rank` at its peak: each chunk's layers and, with `edges`,
     what sits outside them (`edge_activation_bytes`), times the micro-batches the chunk holds at the
     schedule's fullest moment; autocast's bf16 weight copies once (one autocast region runs all the
     rank's micro-batches); full recompute: plus one layer's working set."""
-    per_layer = activation_layer_bytes(model, plan, workload, dropout=dropout, weight_copies=False)
-    copies = activation_layer_bytes(model, plan, workload, dropout=dropout) - per_layer
+    per_layer = activation_layer_bytes(model, plan, workload, weight_copies=False)
+    copies = activation_layer_bytes(model, plan, workload) - per_layer
     chunks = rank_chunks(model.num_layers, plan.pp, plan.virtual_stages, rank)
-    held = [layers * per_layer + (edge_activation_bytes(model, plan, workload, embedding, head, dropout) if edges else 0)
+    held = [layers * per_layer + (edge_activation_bytes(model, plan, workload, embedding, head) if edges else 0)
             for layers, embedding, head in chunks]
     states = live_micro_batches(plan.schedule, plan.pp, plan.virtual_stages, micro_batches(plan, workload), rank)
     total = max(sum(n * b for n, b in zip(state, held)) for state in states)
     total += sum(layers for layers, _, _ in chunks) * copies
     if edges and any(head for _, _, head in chunks):
         total += head_weight_copy_bytes(model, plan)
-    if plan.recompute == "full":
-        total += activation_layer_bytes(model, plan, workload, recompute="none", dropout=dropout)
+    if plan.recompute in ("full", "op"):  # one layer's working set while it is recomputed
+        total += activation_layer_bytes(model, plan, workload, recompute="none")
     return total
 
 
@@ -205,8 +204,7 @@ def head_weight_copy_bytes(model: ModelShape, plan: Plan) -> float:
     return how["value_bytes"] * model.vocab_size * model.hidden_size / plan.tp if how["autocast"] else 0.0
 
 
-def edge_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, embedding: bool, head: bool,
-                          dropout: bool = False) -> float:
+def edge_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, embedding: bool, head: bool) -> float:
     """One micro-batch's bytes outside the layers: at the embedding the token ids (and, vocabulary-split,
     the mask of ids outside the rank's range; the dropout mask); at the head the final norm's input and
     statistics, the LM head's input and the fp32 log-probabilities cross-entropy keeps,
@@ -217,7 +215,7 @@ def edge_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, emb
     hidden = tokens * model.hidden_size
     out = 0.0
     if embedding:
-        out += 8 * tokens + (tokens if plan.tp > 1 else 0) + (hidden / shard if dropout else 0)
+        out += 8 * tokens + (tokens if plan.tp > 1 else 0) + (hidden / shard if workload.dropout > 0 else 0)
     if head:
         residual = 4 if how["autocast"] else how["value_bytes"]
         out += (residual * hidden + 2 * how["norm_stats_bytes"] * tokens) / shard

@@ -17,16 +17,17 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from shardlab.costs import stacks
 from shardlab.costs.plan import RECOMPUTE, SCHEDULES, Cluster, Plan, Workload, rejection
 from shardlab.costs.predict import Prediction, evaluate
 from shardlab.costs.shapes import ModelShape, cuts_evenly
 
 # (framework, zero, offload) combinations worth searching
 SHARDINGS = (
-    ("megatron", 0, "none"), ("megatron", 1, "none"),
+    ("torch", 0, "none"), ("megatron", 0, "none"), ("megatron", 1, "none"), ("mcore", 0, "none"), ("mcore", 1, "none"),
     ("deepspeed", 1, "none"), ("deepspeed", 2, "none"), ("deepspeed", 3, "none"),
     ("deepspeed", 2, "optimizer"), ("deepspeed", 3, "optimizer"), ("deepspeed", 3, "optimizer+params"),
-    ("fsdp2", 3, "none"),
+    ("fsdp2", 2, "none"), ("fsdp2", 3, "none"),
 )
 
 
@@ -35,6 +36,7 @@ TECHNIQUES = {
     "tp": "tensor parallelism (tp=1, and so no sp)", "sp": "sequence parallelism", "pp": "pipeline parallelism (pp=1)",
     "interleaved": "the interleaved schedule", "cp": "context parallelism (cp=1)", "ep": "expert parallelism (ep=1)",
     "offload": "optimizer and parameter offload", "recompute": "activation recompute",
+    "tp_overlap": "tensor-parallel communication overlap",
 }
 
 
@@ -58,12 +60,23 @@ class Space:
     dp: tuple[int, ...] | None = None
     ep: tuple[int, ...] | None = None
     sp: tuple[bool, ...] = (False, True)
+    tp_overlap: tuple[bool, ...] = (False, True)
     schedule: tuple[str, ...] = SCHEDULES
+
+    def for_stack(self, stack: str | None) -> Space:
+        """This space narrowed to what `stack` can run: its sharding accounting, its recompute
+        granularities, TP overlap where it has it (stacks.yaml)."""
+        s = stacks.get(stack)
+        # what the stack cannot run goes, unless nothing would be left: then `rejection` says why
+        narrow = lambda values, ok: tuple(v for v in values if ok(v)) or values  # noqa: E731
+        return replace(self, shardings=narrow(self.shardings, lambda x: x[0] in s.frameworks),
+                       recompute=narrow(self.recompute, lambda r: r in s.recompute),
+                       tp_overlap=narrow(self.tp_overlap, lambda o: s.tp_overlap or not o))
 
     def without(self, technique: str) -> Space:
         """This space with one technique of TECHNIQUES left out."""
         changes = {"tp": {"tp": (1,)}, "sp": {"sp": (False,)}, "pp": {"pp": (1,)}, "cp": {"cp": (1,)},
-                   "ep": {"ep": (1,)}, "recompute": {"recompute": ("none",)},
+                   "ep": {"ep": (1,)}, "recompute": {"recompute": ("none",)}, "tp_overlap": {"tp_overlap": (False,)},
                    "interleaved": {"schedule": tuple(s for s in self.schedule if s != "interleaved")},
                    "offload": {"shardings": tuple(s for s in self.shardings if s[2] == "none")}}
         return replace(self, **changes[technique])
@@ -153,11 +166,12 @@ def candidates(model: ModelShape, cluster: Cluster, workload: Workload, space: S
                 if space.dp is not None and dp not in space.dp:
                     continue
                 sps = [sp for sp in space.sp if tp > 1 or not sp]
-                for sp, (schedule, v), ep, (framework, zero, offload), mb, rc in itertools.product(
-                        sps, _schedules(space, layers, pp), _expert_degrees(space, model, dp * cp), space.shardings,
-                        space.micro_batch, space.recompute):
-                    yield Plan(dp=dp, tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, ep=ep,
-                               zero=zero, framework=framework, offload=offload, micro_batch=mb, recompute=rc,
+                overlaps = [o for o in space.tp_overlap if tp > 1 or not o]
+                for sp, ov, (schedule, v), ep, (framework, zero, offload), mb, rc in itertools.product(
+                        sps, overlaps, _schedules(space, layers, pp), _expert_degrees(space, model, dp * cp),
+                        space.shardings, space.micro_batch, space.recompute):
+                    yield Plan(dp=dp, tp=tp, sp=sp, tp_overlap=ov, pp=pp, schedule=schedule, virtual_stages=v, cp=cp,
+                               ep=ep, zero=zero, framework=framework, offload=offload, micro_batch=mb, recompute=rc,
                                dtype=space.dtype, attention=space.attention, optimizer=space.optimizer)
 
 
@@ -173,16 +187,18 @@ def rank_key(p: Prediction) -> tuple:
 
 
 def search(model: ModelShape, cluster: Cluster, workload: Workload, top: int = 10, space: Space = Space(),
-           dropout: bool = False) -> SearchResult:
+           stack: str | None = None) -> SearchResult:
+    """The plans of `space` that `stack` can run on `cluster`, ranked (the fitting ones) or grouped by
+    why not (the others)."""
     start = time.perf_counter()
     result = SearchResult([])
     fitting = []
-    device = cluster.device_figures()
-    for plan in candidates(model, cluster, workload, space):
+    figures = cluster.figures(stack)
+    for plan in candidates(model, cluster, workload, space.for_stack(stack)):
         result.candidates += 1
-        reason = rejection(model, plan, cluster, workload)
+        reason = rejection(model, plan, cluster, workload, stack)
         if reason is None:
-            prediction = evaluate(model, plan, cluster, workload, dropout, device=device, time_only_if_fits=True)
+            prediction = evaluate(model, plan, cluster, workload, stack, figures=figures, time_only_if_fits=True)
             reason = None if prediction.fits else prediction.why
         if reason is not None:
             kind = reason_kind(reason)

@@ -2,14 +2,20 @@
 pipeline's stage cut.
 
 Pure arithmetic (no torch): the registry, the planner and the tables import it freely; the
-strategies that really cut the model (`pipeline_parallel.stages`) use the same stage cut.
+strategies that really cut the model (`pipeline_parallel.stages`) use the same stage cut. Shapes the
+planner knows by name are in `models.yaml`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
 
 EMBED, HEAD = "embed", "head"
+MODELS = Path(__file__).with_name("models.yaml")
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,24 @@ class ModelShape:
         if self.num_experts:
             return whole + h * self.num_experts + self.num_experts * (h if bias else 0)
         return whole + (h if bias else 0)
+
+
+@lru_cache(maxsize=1)
+def known_models() -> dict:
+    """The shapes the planner knows by name (models.yaml)."""
+    return yaml.safe_load(MODELS.read_text())
+
+
+def model_shape(name_or_path: str | dict) -> ModelShape:
+    """A named shape (models.yaml), a shape's fields, or a config file (HF config.json, YAML)."""
+    if isinstance(name_or_path, dict):
+        return ModelShape.from_dict(name_or_path)
+    if name_or_path in known_models():
+        return ModelShape.from_dict(known_models()[name_or_path])
+    path = Path(name_or_path)
+    if not path.exists():
+        raise ValueError(f"{name_or_path!r} is neither a known model ({', '.join(known_models())}) nor a file")
+    return ModelShape.from_dict(yaml.safe_load(path.read_text()))
 
 
 def split_evenly(n: int, parts: int) -> list[range]:

@@ -51,7 +51,7 @@ class ZeroRung:
     stage: int
     offload_optimizer: bool = False
     offload_param: bool = False
-    framework: str = "deepspeed"  # or "fsdp2": fp32 shards, no master copy; or "megatron" (planner only)
+    framework: str = "deepspeed"  # or "fsdp2": fp32 shards, no master copy; "megatron", "mcore" (planner only)
 
     @classmethod
     def of(cls, zero: int, offload: str = "none", framework: str = "deepspeed") -> ZeroRung:
@@ -60,7 +60,17 @@ class ZeroRung:
                    framework=framework)
 
 
-MOMENT_BYTES = {"adamw": 8, "sgd": 0}  # fp32 state per parameter (SGD without momentum keeps none)
+# Optimizer state per parameter: Adam's two moments in fp32; "adamw-bf16" keeps the moments and the master
+# copy in bf16 (NeMo's distributed fused Adam with dtype bf16, as the Nemotron-4 340B recipe runs it);
+# SGD without momentum keeps none.
+MOMENT_BYTES = {"adamw": 8, "adamw-bf16": 4, "sgd": 0}
+
+
+def master_bytes(optimizer: str, dtype: str) -> int:
+    """Bytes per parameter of a mixed-precision master copy: fp32, or bf16 where the optimizer's state is bf16."""
+    if dtype == "fp32":
+        return 0
+    return 2 if optimizer == "adamw-bf16" else 4
 DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce bucket, in elements
 
 
@@ -111,11 +121,15 @@ def predict(rung: ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", op
         weight = grad = 4
         master = 0
         params = grads = state = held.fsdp2_shard
-    elif framework == "megatron":
+    elif framework in ("megatron", "mcore"):
         # Megatron-LM's mixed precision: compute-dtype weights, fp32 main gradients (whole: its
         # distributed optimizer, stage 1, reduce-scatters inside the same buffer), fp32 master copy
-        # and moments sharded by the distributed optimizer: 18 bytes, or 6 + 12/N.
-        weight, grad, master = (2, 4, 4) if dtype == "bf16" else (4, 4, 0)
+        # and moments sharded by the distributed optimizer: 18 bytes, or 6 + 12/N. Megatron-Core
+        # (grad_reduce_in_fp32 off) and NeMo's distributed fused Adam (contiguous_grad_buffer) keep the
+        # gradients in the compute dtype: 16 bytes, or 4 + 12/N.
+        weight = 2 if dtype == "bf16" else 4
+        grad = 4 if framework == "megatron" or dtype == "fp32" else 2
+        master = master_bytes(optimizer, dtype)
         params = grads = psi
         state = held.flat_partition if stage >= 1 else psi
     else:
@@ -128,7 +142,7 @@ def predict(rung: ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", op
     param_bytes = weight * params
     grad_bytes = grad * grads
     opt = (master + moments) * state
-    if framework == "megatron":
+    if framework in ("megatron", "mcore"):
         grad_peak = grad_bytes
     elif stage <= 1:
         grad_peak = grad * psi + (grad_bytes if stage == 1 else 0)  # full gradient, then its reduced partition

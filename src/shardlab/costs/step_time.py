@@ -1,17 +1,34 @@
-"""Step time of one pipeline rank under a plan: compute (GEMM FLOPs at the device's achieved rate,
-element-wise HBM traffic), the communication each technique puts on the critical path, the
-data-parallel gradient reduction, the optimizer step and offload transfers. Formulas only; the
-composition into a step (micro-batches, fill and drain) is `costs.predict.evaluate`.
+"""Step time of one pipeline rank under a plan: compute (GEMM FLOPs at the stack's achieved rate,
+the attention kernel, element-wise HBM traffic), the communication each technique leaves on the
+critical path, the data-parallel gradient reduction, the optimizer step and offload transfers.
+Formulas only; the composition into a step (micro-batches, fill and drain) is `costs.predict`.
+
+Communication is costed per collective as NCCL runs it (`costs.nccl`), over the group's span of
+nodes. What hides behind what follows the schedule the stack runs, not a fitted overlap factor;
+on hardware whose collectives share the compute's cores (`comm_overlaps_compute: false`, a CPU
+with gloo) nothing hides:
+- a ZeRO-3 / FSDP layer's parameter all-gather behind the previous layer's compute (prefetch one
+  layer ahead), in forward and again in backward, together with the gradient reduce-scatter of the
+  layer after it; the first gather and the last reduce-scatter of a pass are exposed;
+- the once-per-step gradient reduction behind the last micro-batch's backward where the stack
+  overlaps it (DDP buckets, Megatron's overlap_grad_sync), and the distributed optimizer's
+  parameter all-gather behind the next step's first forward (overlap_param_sync);
+- tensor-parallel collectives are exposed unless the plan overlaps them with the GEMMs (Transformer
+  Engine's userbuffers, async TP: `tp_overlap`), then only what exceeds the layer's GEMMs;
+- ring attention's K/V hops behind the attention blocks they feed;
+- pipeline sends are exposed unless the stack overlaps them in the interleaved schedule;
+- expert all-to-alls are exposed.
 """
 
 from __future__ import annotations
 
-from shardlab.costs import sharded_states
-from shardlab.costs.collectives import bus_factor
-from shardlab.costs.comm_volume import (CP_RING_PASSES_PER_LAYER, Call, cp_calls, ep_calls, pipeline_calls,
-                                        micro_batch_sync, step_sync_calls, tp_calls)
+from shardlab.costs import nccl, sharded_states
+from shardlab.costs.comm_volume import (Call, cp_calls, ep_calls, gradient_bytes, parameter_bytes, pipeline_calls,
+                                        sharded_per_micro_batch, step_sync_calls, tp_calls)
+from shardlab.costs.hardware import peak_flops
+from shardlab.costs.nccl import Span
 from shardlab.costs.plan import Plan, Workload
-from shardlab.costs.rank_memory import activation_layer_parts, rank_layers, rank_parameters
+from shardlab.costs.rank_memory import activation_layer_parts, layer_parameters_on_rank, pipeline_ranks, rank_parameters
 from shardlab.costs.shapes import ModelShape
 
 CPU_ADAM_PARAMS_PER_S = 1e9  # per GPU's share of the host: an order-of-magnitude assumption, not measured
@@ -19,33 +36,13 @@ TIME_COMPONENTS = ("compute", "tp_comm", "cp_comm", "ep_comm", "zero_comm", "pp_
                    "dp_comm", "optimizer", "offload")
 
 
-def collective_s(device: dict, collective: str, size_bytes: float, group: int, intra_node: bool,
-                 rails: int = 1) -> float:
-    """alpha + bus bytes / achieved bus bandwidth on the group's link: NVLink inside a node; across
-    nodes the NICs of the group's `rails` ranks on each node, since NCCL's rings run one channel per
-    NIC and forward inside the node over NVLink (so an 8-GPU-per-node data-parallel group all-gathers
-    at 8 NICs' bandwidth, a group with one rank per node at one NIC's)."""
-    if group < 2 or size_bytes <= 0:
-        return 0.0
-    fitted = device.get("alpha_beta", {}).get(collective)  # a machine calibrated by the comm benchmark
-    if fitted is not None:
-        return fitted.seconds_for(collective, size_bytes, group)
-    if intra_node:
-        beta = device["nvlink_gbps"] / 2 * 1e9 * device["link_intra_node"]  # per direction
-        alpha = device["intra_node_latency_us"] * 1e-6
-    else:
-        beta = min(device["network_gbps"] * rails * device["link_inter_node"],
-                   device["nvlink_gbps"] / 2 * device["link_intra_node"]) * 1e9
-        alpha = device["inter_node_latency_us"] * 1e-6
-    return alpha + size_bytes * bus_factor(collective, group) / beta
+def calls_s(device: dict, calls: list[Call], span: Span) -> float:
+    """Seconds of a list of calls issued one after another over `span`."""
+    efficiency = device.get("collective_efficiency", 1.0)
+    return sum(c.count * nccl.seconds(device, c.collective, c.size_bytes, span, efficiency) for c in calls)
 
 
-def calls_s(device: dict, calls: list[Call], intra_node: bool, rails: int = 1) -> float:
-    """Seconds of a list of calls issued one after another (`costs.comm_volume`)."""
-    return sum(c.count * collective_s(device, c.collective, c.size_bytes, c.group_size, intra_node, rails)
-               for c in calls)
-
-
+# --- compute ------------------------------------------------------------------------------------------
 def gemm_efficiency(device: dict, width: float, tokens: float) -> float:
     """Achieved/peak throughput of a GEMM whose weight shard's narrower side is `width`, on a
     micro-batch of `tokens`: Hockney's half-performance form in each, gemm x width / (width +
@@ -73,6 +70,15 @@ def layer_gemms(model: ModelShape, plan: Plan, workload: Workload) -> list[tuple
     return [(2 * tokens * rows * cols * count, min(rows, cols)) for rows, cols, count in shards]
 
 
+def op_recomputed_share(model: ModelShape) -> float:
+    """The share of a layer's forward matrix-product FLOPs per-op checkpointing runs again: the
+    products it does not save (K, the attention output, and the MLP's second product: SwiGLU's up,
+    GeLU's down; activations._per_op_saved)."""
+    h, kv, width = model.hidden_size, model.kv_width, model.expert_intermediate or model.intermediate_size
+    total = h * (h + 2 * kv) + h * h + model.mlp_matrices * h * width
+    return (h * kv + h * h + h * width) / total
+
+
 def attention_core_flops(model: ModelShape, plan: Plan, workload: Workload) -> float:
     """Forward FLOPs of one layer's attention core (scores and their product with V), one micro-batch,
     one rank: the full score matrix, as model FLOPs count it (MFU)."""
@@ -86,72 +92,155 @@ def gemm_seconds(device: dict, peak: float, gemms: list[tuple[float, float]], to
 
 
 def attention_rate(device: dict, plan: Plan, workload: Workload, peak: float, gemm_s: float) -> float:
-    """FLOP/s of the attention core (scores and their product with V, counted whole as model FLOPs
-    count them): a fused kernel's own achieved share of peak where the catalog has one (it skips the
-    causal half, and its backward recomputes the scores), else the GEMM rate (eager attention's batched
-    matrix products). A fused kernel's rate halves at `flash_attention_half_keys` keys per call
-    (Hockney again): short rows leave its inner loop little work per loaded query tile, and the causal
-    diagonal's partly masked tiles are a larger share. A context-parallel ring calls it on seq / cp
-    keys at a time."""
-    if not (plan.attention in ("flash", "sdpa") and "flash_attention" in device):
+    """FLOP/s of the attention core (counted whole, as model FLOPs count it): a fused kernel's own
+    achieved share of peak, halved at `flash_attention_half_keys` keys per call (a context-parallel
+    ring calls it on seq / cp keys at a time); else the GEMMs' rate (eager attention's batched
+    matrix products)."""
+    if plan.attention not in ("flash", "sdpa"):
         return gemm_s
     keys = workload.seq_len / plan.cp
     return peak * device["flash_attention"] * keys / (keys + device.get("flash_attention_half_keys", 0.0))
 
 
-def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict, rank: int, dropout: bool) -> dict:
-    """Seconds of pipeline rank `rank` per micro-batch, by component (forward + backward)."""
-    peak = device["fp32_tflops" if plan.dtype == "fp32" else "bf16_tflops"] * 1e12
+def layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> tuple[float, float, float]:
+    """(forward, backward, GEMM) seconds of one layer for one micro-batch on one rank; backward
+    includes what recompute runs again. GEMM: the layer's matrix products, all passes (what
+    overlapped TP collectives hide behind)."""
+    peak = peak_flops(device, plan.dtype)
     tokens = plan.micro_batch * workload.seq_len / plan.cp
-    hbm_s = device["hbm_tbps"] * 1e12 * device["hbm"]
-    layers = rank_layers(model.num_layers, plan.pp, plan.virtual_stages)[rank]
+    hbm = device["hbm_tbps"] * 1e12 * device["hbm"]
     gemms = layer_gemms(model, plan, workload)
-    gemm_time = gemm_seconds(device, peak, gemms, tokens)
-    core = attention_core_flops(model, plan, workload)
-    # eager attention's batched products run at the layer's mean GEMM rate
-    gemm_s = sum(flops for flops, _ in gemms) / gemm_time
-    passes = {"none": 3, "selective": 3, "full": 4}[plan.recompute]  # forward, backward (2x), recompute
-    core_flops = passes * core + (core if plan.recompute == "selective" else 0)
-    core_s = attention_rate(device, plan, workload, peak, gemm_s)
-    # Element-wise kernels (norms, GeLU, softmax, dropout, residual adds) move bytes in proportion to
-    # what a layer stores; full recompute reruns all of them, selective the attention core's.
-    stored = activation_layer_parts(model, plan, workload, recompute="none", dropout=dropout)
-    rerun = {"none": 0.0, "selective": stored["attention_core"], "full": sum(stored.values())}[plan.recompute]
-    elementwise = (sum(stored.values()) + rerun) * device["elementwise_passes"]
-    compute = layers * (passes * gemm_time + core_flops / core_s + elementwise / hbm_s)
-    if rank == plan.pp - 1:  # the LM head: hidden x vocabulary / tp
-        head = [(2 * tokens * model.hidden_size * model.vocab_size / plan.tp, model.hidden_size)]
-        compute += 3 * gemm_seconds(device, peak, head, tokens)
+    gemm = gemm_seconds(device, peak, gemms, tokens)
+    core = attention_core_flops(model, plan, workload) / attention_rate(
+        device, plan, workload, peak, sum(f for f, _ in gemms) / gemm)
+    # Element-wise kernels (norms, activations, softmax, dropout, residual adds) move bytes in proportion
+    # to what a layer stores: a third of the passes in forward, two thirds in backward.
+    stored = sum(activation_layer_parts(model, plan, workload, recompute="none").values())
+    elementwise = stored * device["elementwise_passes"] / hbm
+    again = {"none": 0.0, "selective": core, "op": op_recomputed_share(model) * gemm + elementwise / 3,
+             "full": gemm + core + elementwise / 3}[plan.recompute]
+    forward = gemm + core + elementwise / 3
+    backward = 2 * gemm + 2 * core + 2 * elementwise / 3 + again
+    return forward, backward, 3 * gemm + (again if plan.recompute == "full" else 0.0)
 
-    per_node, hide = device["gpus_per_node"], device["overlap"]
-    tp = calls_s(device, tp_calls(model, plan, workload, layers), True)
-    ring = calls_s(device, cp_calls(model, plan, workload, layers), plan.tp * plan.cp <= per_node)
-    cp = max(0.0, ring - hide * CP_RING_PASSES_PER_LAYER * layers * core / core_s)  # overlapped with attention math
-    ep = calls_s(device, ep_calls(model, plan, workload, layers), plan.tp * plan.ep <= per_node)
-    group, intra, rails = _dp_group(plan, device)
+
+def head_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> float:
+    """Forward + backward seconds of the LM head (hidden x vocabulary / tp) for one micro-batch."""
+    tokens = plan.micro_batch * workload.seq_len / plan.cp
+    head = [(2 * tokens * model.hidden_size * model.vocab_size / plan.tp, model.hidden_size)]
+    return 3 * gemm_seconds(device, peak_flops(device, plan.dtype), head, tokens)
+
+
+# --- where groups sit ---------------------------------------------------------------------------------
+def spans(plan: Plan, device: dict) -> dict[str, Span]:
+    """The span of each group of the mesh (Megatron's order, innermost first: tp, cp, dp, pp)."""
+    per_node = device["gpus_per_node"]
+    return {"tp": Span.of(plan.tp, 1, per_node), "cp": Span.of(plan.cp, plan.tp, per_node),
+            "dp": Span.of(plan.dp * plan.cp, plan.tp, per_node),  # gradients reduce over dp x cp
+            "ep": Span.of(plan.ep, plan.tp, per_node), "pp": Span.of(plan.pp, plan.tp * plan.cp * plan.dp, per_node)}
+
+
+# --- ZeRO-3 / FSDP: per layer, behind the compute -----------------------------------------------------
+def gather_sizes(model: ModelShape, plan: Plan, device: dict) -> list[float]:
+    """Parameters of each all-gather call that fetches one layer's shard on this rank: one call per layer
+    (a flat parameter per block), per module with parameters, or per parameter tensor (the stack's
+    `gathers_per_layer`)."""
+    dense, experts = layer_parameters_on_rank(model, plan.tp, plan.ep)
+    whole = dense + experts
+    mode = device.get("gathers_per_layer", 1)
+    if mode in ("modules", "tensors"):
+        h, width, bias = model.hidden_size, model.expert_intermediate or model.intermediate_size, model.biases
+        norm = (2 if bias else 1) * h
+        linear = [h * (h + 2 * model.kv_width), h * h, *[h * width] * model.mlp_matrices]
+        biases = [h + 2 * model.kv_width, h, *[width] * (model.mlp_matrices - 1), h] if bias else []
+        if mode == "modules":
+            parts = [norm, norm, *(w + b for w, b in zip(linear, biases or [0] * len(linear)))]
+        else:
+            parts = [*[h] * (4 if bias else 2), *linear, *biases]
+        scale = whole / sum(parts)
+        return [p * scale for p in parts]
+    return [whole / mode] * int(mode)
+
+
+def zero_per_micro_batch(model: ModelShape, plan: Plan, device: dict, spans_: dict, layers: int, edge_params: float,
+                         forward: float, backward: float) -> float:
+    """Exposed seconds of ZeRO-2/3 and FSDP's per-micro-batch communication on a rank of `layers`
+    layers: parameter all-gathers (forward, backward, and again for a recomputed forward where the
+    stack re-fetches) and gradient reduce-scatters, each layer's behind the neighbouring layer's
+    compute; `edge_params` (embedding, head) gathered and reduced with nothing to hide behind."""
+    if not sharded_per_micro_batch(plan) or spans_["dp"].ranks < 2:
+        return 0.0
+    span, efficiency = spans_["dp"], device.get("collective_efficiency", 1.0)
+    g = 0.0
+    if plan.zero == 3 or plan.framework == "fsdp2":
+        g = sum(nccl.seconds(device, "all_gather", n * parameter_bytes(plan), span, efficiency)
+                for n in gather_sizes(model, plan, device))
+    dense, experts = layer_parameters_on_rank(model, plan.tp, plan.ep)
+    rs = nccl.seconds(device, "reduce_scatter", (dense + experts) * gradient_bytes(plan), span, efficiency)
+    g_back = g if plan.zero == 3 else 0.0
+    if plan.zero == 3 and plan.recompute == "full" and device.get("regather_for_recompute"):
+        g_back *= 2
+    edges = 0.0
+    if edge_params:
+        edges = (nccl.seconds(device, "all_gather", edge_params * parameter_bytes(plan), span, efficiency)
+                 * (1 + (plan.zero == 3)) if g else 0.0)
+        edges += nccl.seconds(device, "reduce_scatter", edge_params * gradient_bytes(plan), span, efficiency)
+    if not device["comm_overlaps_compute"]:
+        return layers * (g + g_back + rs) + edges
+    ahead = g + (layers - 1) * max(0.0, g - forward)
+    behind = g_back + (layers - 1) * max(0.0, g_back + rs - backward) + rs
+    return ahead + behind + edges
+
+
+# --- a pipeline rank's micro-batch ----------------------------------------------------------------------
+def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict, rank: int) -> dict:
+    """Seconds of pipeline rank `rank` per micro-batch, by component (forward + backward), and the
+    forward and backward compute of the micro-batch (keys `_forward`, `_backward`) the step's
+    once-per-step communication can hide behind."""
+    layers, embedding, head = pipeline_ranks(model.num_layers, plan.pp, plan.virtual_stages)[rank]
+    forward, backward, gemm = layer_compute(model, plan, workload, device)
+    compute = layers * (forward + backward) + (head_compute(model, plan, workload, device) if head else 0.0)
+    spans_ = spans(plan, device)
+    overlaps = device["comm_overlaps_compute"]
+
+    tp = calls_s(device, tp_calls(model, plan, workload, layers), spans_["tp"])
+    if plan.tp_overlap and overlaps:
+        tp = max(0.0, tp - layers * gemm)
+    ring = calls_s(device, cp_calls(model, plan, workload, layers), spans_["cp"])
+    peak = peak_flops(device, plan.dtype)
+    core = attention_core_flops(model, plan, workload) / attention_rate(device, plan, workload, peak, peak * device["gemm"])
+    if overlaps and device.get("cp_overlap", True):  # K/V hops behind the blocks' attention, fwd + bwd
+        cp = max(0.0, ring - 3 * layers * core)
+    else:
+        cp = ring
+    ep = calls_s(device, ep_calls(model, plan, workload, layers), spans_["ep"])
     dense, experts = rank_parameters(model, plan, rank)
-    sharded = [*micro_batch_sync(plan, dense, group), *micro_batch_sync(plan, experts, group // plan.ep)]
-    zero = max(0.0, calls_s(device, sharded, intra, rails) - hide * compute)  # overlapped with the micro-batch
-    p2p = calls_s(device, pipeline_calls(model, plan, workload), plan.tp * plan.cp * plan.dp < per_node)
-    return {"compute": compute, "tp_comm": tp, "cp_comm": cp, "ep_comm": ep, "zero_comm": zero, "pp_p2p": p2p}
+    layer_dense, layer_experts = layer_parameters_on_rank(model, plan.tp, plan.ep)
+    edge = max(0.0, dense + experts - layers * (layer_dense + layer_experts))
+    zero = zero_per_micro_batch(model, plan, device, spans_, layers, edge, forward, backward)
+    p2p = calls_s(device, pipeline_calls(model, plan, workload), spans_["pp"])
+    if device.get("p2p_overlap") and plan.schedule == "interleaved" and overlaps:
+        p2p = 0.0
+    return {"compute": compute, "tp_comm": tp, "cp_comm": cp, "ep_comm": ep, "zero_comm": zero, "pp_p2p": p2p,
+            "_forward": layers * forward, "_backward": layers * backward}
 
 
-def _dp_group(plan: Plan, device: dict) -> tuple[int, bool, int]:
-    """The data-parallel (x context-parallel) group that shards and reduces: its size, whether it fits
-    in one node, and how many of its ranks share each node (tensor ranks are innermost)."""
-    group, per_node = plan.dp * plan.cp, device["gpus_per_node"]
-    return group, plan.tp * group <= per_node, max(1, min(group, per_node // plan.tp))
-
-
-def gradient_sync_s(model: ModelShape, plan: Plan, device: dict, rank: int, backward_s: float) -> float:
-    """Once per step (`comm_volume.step_sync_calls`): the gradient all-reduce (ZeRO-0, replicas) or
-    reduce-scatter (ZeRO-1, Megatron's distributed optimizer) overlaps the last micro-batch's backward;
-    the updated parameters' all-gather (ZeRO-1/2) is hidden by nothing."""
+def gradient_sync_s(model: ModelShape, plan: Plan, device: dict, rank: int, forward_s: float, backward_s: float) -> float:
+    """Exposed seconds of the once-per-step communication (`comm_volume.step_sync_calls`): the gradient
+    all-reduce (replicas) or reduce-scatter (ZeRO-1, the distributed optimizer) behind the last
+    micro-batch's backward where the stack overlaps it; the updated parameters' all-gather (ZeRO-1/2,
+    the distributed optimizer) behind the next step's first forward where it overlaps that, else exposed."""
     calls = step_sync_calls(model, plan, rank)
-    _, intra, rails = _dp_group(plan, device)
-    gathered = calls_s(device, [c for c in calls if c.collective == "all_gather"], intra, rails)
-    overlapped = calls_s(device, [c for c in calls if c.collective != "all_gather"], intra, rails)
-    return max(0.0, overlapped - device["overlap"] * backward_s) + gathered
+    span = spans(plan, device)["dp"]
+    gathered = calls_s(device, [c for c in calls if c.collective == "all_gather"], span)
+    reduced = calls_s(device, [c for c in calls if c.collective != "all_gather"], span)
+    if not device["comm_overlaps_compute"]:
+        return reduced + gathered
+    if device.get("grad_sync_overlap"):
+        reduced = max(0.0, reduced - backward_s)
+    if device.get("param_gather_overlap"):
+        gathered = max(0.0, gathered - forward_s)
+    return reduced + gathered
 
 
 def optimizer_s(plan: Plan, device: dict, states: sharded_states.ModelStates) -> tuple[float, float]:
@@ -166,3 +255,4 @@ def optimizer_s(plan: Plan, device: dict, states: sharded_states.ModelStates) ->
         params = states.optimizer_bytes / (sharded_states.MOMENT_BYTES[plan.optimizer] + 4)
         offload = moved / (device["host_link_gbps"] * 1e9) + params / CPU_ADAM_PARAMS_PER_S
     return step, offload
+

@@ -33,6 +33,7 @@ from shardlab.strategies import REGISTRY, Family
 from shardlab.tables import TableInputs
 
 MACHINE = "CPU (calibrated)"
+STACK = "shardlab"  # this project's runner (costs/stacks.yaml)
 GOALS_PCT = {"model_states": 1.0, "activations": 10.0}  # step time is judged per experiment (ranking table)
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 
@@ -55,7 +56,7 @@ def this_machine(world: int, collectives: dict, fp32_tflops: float = 1.0) -> Clu
 def calibrated_tflops(reference: dict, setting: tuple, collectives: dict) -> float:
     """The compute rate that makes the planner reproduce the reference run's step time."""
     model, plan, workload = setting
-    unit = evaluate(model, plan, this_machine(1, collectives), workload)
+    unit = evaluate(model, plan, this_machine(1, collectives), workload, STACK)
     other = unit.step_s - unit.time["compute"]
     return unit.time["compute"] / max(reference["step_time_median_s"] - other, 1e-9)
 
@@ -114,7 +115,7 @@ def prediction_rows(inputs: TableInputs, collectives: dict) -> list[dict]:
         rate = concurrency_at(s["world_size"], factors, cores)
         tflops = calibrated_tflops(reference, run_setting(reference, exp, inputs), collectives) * rate
         model, plan, workload = setting
-        p = evaluate(model, plan, this_machine(s["world_size"], collectives, tflops), workload)
+        p = evaluate(model, plan, this_machine(s["world_size"], collectives, tflops), workload, STACK)
         if not isinstance(p, Prediction):
             rows.append({"experiment": s["experiment"], "strategy": s["strategy"], "plan": plan.label(), "why": p,
                          "is_calibration_run": False})

@@ -86,7 +86,7 @@ def search_runnable(exp: dict, world: int, top: int, per_layout: bool = True,
                   recompute=("none",), virtual_stages=(2,), shardings=RUNNABLE_SHARDINGS, dtype=training["dtype"])
     model = ModelShape.from_dict(exp["model"])
     ranked = search(model, cluster, Workload(training["global_batch_size"], training["seq_len"]), top=SEARCHED,
-                    space=space).ranked
+                    space=space, stack="shardlab").ranked  # this project's runner executes them
     found: dict[str, dict] = {}
     layouts = set()
     for p in ranked:
