@@ -16,11 +16,12 @@ from shardlab.costs import calibration, comparison
 
 
 def table(rows: list[dict], by: str) -> str:
-    lines = [f"{by:16s} held-out rows  mean |err| %  worst |err| %  bias %  calibration rows (mean |err| %)  false does-not-fit"]
+    lines = [f"{by:16s} held-out rows  mean |err| %  worst |err| %  bias %  calibration (mean |err| %)  "
+             "informed (mean |err| %)  false does-not-fit"]
     for r in comparison.summary(rows, by):
         lines.append(f"{r[by]:16s} {r['held_out_rows']:13d} {r['held_out_mean_abs_pct']:13.1f} {r['held_out_worst_abs_pct']:14.1f} "
-                     f"{r['held_out_bias_pct']:+7.1f} {r['calibration_rows']:17d} ({r['calibration_mean_abs_pct']:.1f}) "
-                     f"{r['false_does_not_fit']:18d}")
+                     f"{r['held_out_bias_pct']:+7.1f} {r['calibration_rows']:12d} ({r['calibration_mean_abs_pct']:4.1f}) "
+                     f"{r['informed_rows']:10d} ({r['informed_mean_abs_pct']:4.1f}) {r['false_does_not_fit']:19d}")
     return "\n".join(lines)
 
 

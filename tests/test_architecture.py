@@ -134,7 +134,7 @@ def test_every_strategy_is_a_valid_plan_with_a_prediction_and_a_home(name):
     spec = REGISTRY[name]
     world = _world(spec)
     model, plan, calls, states = predicted_run(spec, world)
-    assert rejection(model, plan, Cluster("H100-SXM", 1, world), Workload(8, 32)) is None, name
+    assert rejection(model, plan, Cluster("H100-SXM", 1, world), Workload(8, 32), "shardlab") is None, name
     assert plan.world == world and isinstance(spec.family, Family)
     assert spec.single_process or calls, f"{name}: no communication"
     assert all(call.bus_bytes > 0 for call in calls), f"{name}: a call moves no bytes"

@@ -31,7 +31,7 @@ def wheel(tmp_path_factory):
 
 def test_the_wheel_holds_the_data_files_the_code_reads(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for data in ("costs/hardware.yaml", "costs/models.yaml", "costs/published.yaml"):
+    for data in ("costs/hardware.yaml", "costs/models.yaml", "costs/published.yaml", "costs/stacks.yaml"):
         assert f"shardlab/{data}" in names, data
 
 
@@ -44,7 +44,7 @@ def test_the_planner_answers_from_an_installed_wheel(wheel, tmp_path):
     assert where.startswith(str(site)), where  # the installed copy, not the checkout
     result = subprocess.run([sys.executable, "-m", "shardlab", "plan", "evaluate", "--model", "llama3-405b",
                              "--hardware", "H100-80GB SXM", "--nodes", "2048", "--global-batch", "2048",
-                             "--seq-len", "8192", "--plan", "dp=128,tp=8,pp=16,sp=true,zero=1,framework=megatron"],
+                             "--seq-len", "8192", "--plan", "dp=128,tp=8,pp=16,sp=true,zero=1,framework=mcore"],
                             cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "tokens/s" in result.stdout

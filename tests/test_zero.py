@@ -14,7 +14,11 @@ from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
 from shardlab.tables.parity import tolerance
 from shardlab.strategies import REGISTRY
-from shardlab.costs.zero_tree import parse_bytes
+from shardlab.costs.plan import Cluster, Workload
+from shardlab.costs.predict import Prediction, evaluate
+from shardlab.costs.shapes import model_shape
+from shardlab.costs.zero_tree import cluster_of, rung_plan
+from shardlab.strategies.zero import deepspeed_ladder
 from shardlab.strategies.zero.tree import main as plan_zero_main, plan
 
 ZERO_RUNGS = ["zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
@@ -161,21 +165,42 @@ def test_memory_model_fp32_split_and_offload():
     assert offload.offloaded_bytes == offload.param_bytes + offload.optimizer_bytes + offload.grad_bytes
 
 
-# --- the decision tree --------------------------------------------------------------------------
-def test_plan_zero_for_pythia():
-    assert plan(PYTHIA, 2, 80 * GB)["choice"] == "zero3"  # 55 GB of states leave room for activations
-    assert plan(PYTHIA, 8, 80 * GB)["choice"] == "zero1"
-    assert plan(PYTHIA, 2, 24 * GB)["choice"] == "zero2_offload"
-    assert plan(PYTHIA, 1, 16 * GB, host_mem=64 * GB)["choice"] is None  # not even offload fits the host
-    assert plan(1.3e5, 2, 1 * GB)["choice"] == "zero0"
+# --- the decision tree: a view of the planner ---------------------------------------------------
+A100 = "A100-80GB SXM"
+
+
+def test_plan_zero_takes_the_cheapest_rung_the_planner_says_fits():
+    model = model_shape("pythia-6.9b")
+    # 2 x 80 GB: ZeRO-1 keeps 4 bytes of weights and gradients per parameter whole (83.9 GB with the
+    # activations), ZeRO-2 shards the gradients (71.2 GB of 79.0 usable)
+    assert plan(model, A100, 2)["choice"] == "zero2"
+    assert plan(model, A100, 8)["choice"] == "zero1"  # 12 bytes of optimizer state over 8 ranks
+    assert plan(model, A100, 2, overrides={"hbm_gb": 24})["choice"] == "zero2_offload"
+    assert plan(model, A100, 1, host_memory_gb=64, overrides={"hbm_gb": 16})["choice"] is None  # host too small
+    assert plan(model_shape("pythia-160m"), A100, 1)["choice"] == "zero0"
+
+
+@pytest.mark.parametrize("name", ["pythia-160m", "pythia-1b", "pythia-6.9b", "pythia-12b", "gpt3-175b"])
+@pytest.mark.parametrize("gpus", [1, 2, 8, 16, 64])
+def test_plan_zero_and_plan_evaluate_agree_on_every_rung(name, gpus):
+    """One memory model: each rung the tree lists fits exactly when `plan evaluate` says the same plan fits."""
+    model = model_shape(name)
+    cluster = cluster_of(A100, gpus)
+    for row in plan(model, A100, gpus)["rows"]:
+        fields = deepspeed_ladder()[row["rung"]]
+        p = evaluate(model, rung_plan(fields, gpus), cluster, Workload(gpus, 2048), "deepspeed")
+        assert isinstance(p, Prediction) and p.fits == row["fits"], (name, gpus, row["rung"])
 
 
 def test_plan_zero_cli(capsys):
-    assert plan_zero_main(["--params", "6.9e9", "--gpus", "2", "--gpu-mem", "80GB"]) == 0
-    assert "choice: zero3" in capsys.readouterr().out
-    assert parse_bytes("24GiB") == 24 * 2**30 and parse_bytes("80GB") == 80e9
-    with pytest.raises(ValueError, match="memory size"):
-        parse_bytes("lots")
+    assert plan_zero_main(["--model", "pythia-6.9b", "--hardware", A100, "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "choice: zero2" in out and "zero1" in out and "out of memory" in out
+    for argv, message in ((["--gpus", "0"], "--gpus: 0 is not a count"), (["--gpus", "12"], "not whole nodes"),
+                          (["--gpus", "2", "--what-if", "hbm=2"], "hbm"), (["--gpus", "2", "--hardware", "TPU"], "TPU")):
+        with pytest.raises(SystemExit, match="2"):
+            plan_zero_main(["--model", "pythia-6.9b", "--hardware", A100, *argv])
+        assert message in capsys.readouterr().err
 
 
 # --- malformed DeepSpeed settings are rejected before launch -------------------------------------
@@ -206,7 +231,7 @@ def test_wellformed_settings_pass():
 
 # --- report tables: the tree-vs-runs check -------------------------------------------------------
 def test_tree_check_flags_disagreement():
-    """Outcomes of Pythia-6.9B runs on 80 GB devices against the tree's verdicts; failed runs count too
+    """Outcomes of Pythia-6.9B runs on 80 GB devices against the planner's verdicts; failed runs count too
     (their parameter count comes from the model record, not from a summary they never wrote)."""
     from shardlab.tables import TableInputs
     from shardlab.tables.zero import build
@@ -222,42 +247,48 @@ def test_tree_check_flags_disagreement():
                  for strategy, status in outcomes.items()]
     tables = build(TableInputs(summaries, {"gpu": exp}, {"pythia-6.9b": {"name": "pythia-6.9b", "shape": shape}}))
     check = tables["zero_tree_check"].set_index("strategy")
-    assert check.loc["zero0", "consistent"] and not check.loc["zero0", "tree_says_fits"]
+    assert check.loc["zero0", "consistent"] and not check.loc["zero0", "planner_says_fits"]
     assert check.loc["zero3", "consistent"]
     assert not check.loc["zero2_offload", "consistent"]
-    assert (tables["zero_plan"]["choice"] == "zero3").any()
+    assert set(tables["zero_plan"]["choice"]) >= {"zero0", "zero1", "zero2", "zero2_offload", "none (needs TP/PP)"}
     verdict = tables["zero_verdicts"].set_index("experiment").loc["gpu"]
     assert (verdict["tree_checked_runs"], verdict["tree_agreeing_runs"]) == (3, 2)
 
 
-@pytest.mark.parametrize("zero3_held,consistent", [(1.0, True), (2.0, False)])
-def test_a_device_memory_budget_makes_the_tree_check_one_that_can_fail(zero3_held, consistent):
+@pytest.mark.parametrize("held_activations,consistent", [(0.0, True), (2.0, False)])
+def test_a_device_memory_budget_makes_the_tree_check_one_that_can_fail(held_activations, consistent):
     """On a CPU nothing runs out of memory: with a budget, each rung's measured device-resident model
-    states are the truth. A model that put zero3 under the budget while the run held more fails."""
+    states and activations are the truth. A planner that put zero3_offload under the budget while its
+    run held more (activations twice the usable bytes) fails the check."""
     from shardlab.costs.shapes import ModelShape
+    from shardlab.costs.stacks import catalog
     from shardlab.tables import TableInputs
     from shardlab.tables.zero import build
 
     shape = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
              "intermediate_size": 256}
-    n = ModelShape.from_dict(shape).parameters()
-    states = {s: rung_states(s, n, 2, dtype="fp32", optimizer="adamw") for s in ("zero0", "zero3", "zero3_offload")}
+    model = ModelShape.from_dict(shape)
+    rungs = ("zero0", "zero3", "zero3_offload")
+    states = {s: rung_states(s, model.parameters(), 2, dtype="fp32", optimizer="adamw") for s in rungs}
     training = {"dtype": "fp32", "optimizer": "adamw", "global_batch_size": 2, "seq_len": 8}
-    budget = states["zero3"].total_bytes / 0.75 * 1.1  # usable share: zero3 fits with 10 % to spare, zero0 not
-    exp = {"name": "cpu", "strategies": list(states), "model": {"name": "m", "source": "hub"}, "training": training,
+    offload = evaluate(model, REGISTRY["zero3_offload"].run_plan({"training": training}, 2),
+                       Cluster("CPU (calibrated)", 1, 2), Workload(2, 8), "shardlab", with_time=False)
+    predicted = offload.device_bytes - offload.memory["comm_buffers"]
+    budget = predicted / (1 - catalog()["reserved_memory_share"]) * 1.5  # zero3_offload fits, with half to spare
+    exp = {"name": "cpu", "strategies": list(rungs), "model": {"name": "m", "source": "hub"}, "training": training,
            "launch": {"device_memory_budget_bytes": budget}}
 
-    def held(s, scale):
-        return {"rank": 0, "param_bytes": states[s].param_bytes * scale, "grad_bytes": states[s].grad_bytes * scale,
-                "optimizer_bytes": states[s].optimizer_bytes * scale, "device_memory_bytes": 25e9}
+    def held(s):
+        extra = held_activations * budget if s == "zero3_offload" else 0.0
+        return {"rank": 0, "param_bytes": states[s].param_bytes, "grad_bytes": states[s].grad_bytes,
+                "optimizer_bytes": states[s].optimizer_bytes, "activation_bytes": extra, "device_memory_bytes": 25e9}
 
     summaries = [{"experiment": "cpu", "strategy": s, "status": "ok", "world_size": 2, "tokens_per_s": 1.0,
-                  "model": {"parameters": n}, "ranks": [held(s, zero3_held if s == "zero3" else 1.0)]} for s in states]
+                  "model": {"parameters": model.parameters()}, "ranks": [held(s)]} for s in rungs]
     tables = build(TableInputs(summaries, {"cpu": exp}, {"m": {"name": "m", "shape": shape}}))
     check = tables["zero_tree_check"].set_index("strategy")
     assert check["budgeted"].all() and (check["evidence"] == "measured device bytes").all()
     assert not check.loc["zero0", "predicted_fits"] and check.loc["zero0", "consistent"]
-    assert check.loc["zero3_offload", "fits"]  # most of its states live in host memory
-    assert check.loc["zero3", "predicted_fits"] and bool(check.loc["zero3", "consistent"]) == consistent
+    assert check.loc["zero3_offload", "predicted_fits"] and bool(check.loc["zero3_offload", "consistent"]) == consistent
     memory = tables["zero_memory"].set_index("strategy")
     assert memory.loc["zero3_offload", "measured_host_bytes"] > memory.loc["zero3_offload", "measured_device_bytes"]

@@ -1,6 +1,6 @@
 # The planner at scale: the config's planning scenarios searched by the cost model, the published
-# large-scale points it must reproduce, and the cross-check against DeepSpeed's and Megatron's
-# one-liners. Nothing runs; the rule reruns when the planning config or the cost model changes.
+# training runs it is held to (calibration and held-out rows, per source and stack), and the
+# cross-check against DeepSpeed's and Megatron's one-liners. Nothing runs; the rule reruns when the planning config or the cost model changes.
 # Logic: shardlab.tables.planning.
 
 PLANNING_TABLES = table_files(
@@ -10,11 +10,10 @@ PLANNING_TABLES = table_files(
     "planning_what_if",
     "planning_zero_ladder",
     "planning_published",
-    "planning_published_summary",
-    "planning_published_loo",
-    "planning_published_fsdp",
+    "planning_published_by_source",
+    "planning_published_by_stack",
+    "planning_published_memory",
     "planning_crosscheck",
-    "planning_published_llama3",
 )
 
 
@@ -25,6 +24,7 @@ rule planning_tables:
             f"{SRC}/costs/hardware.yaml",
             f"{SRC}/costs/models.yaml",
             f"{SRC}/costs/published.yaml",
+            f"{SRC}/costs/stacks.yaml",
         ],
     output:
         PLANNING_TABLES,

@@ -100,8 +100,10 @@ def summary(table: list[dict], by: str) -> list[dict]:
         mine = [r for r in table if r[by] == key]
         held = [r["error_pct"] for r in mine if r["split"] == "held_out" and r["fits"]]
         cal = [abs(r["error_pct"]) for r in mine if r["split"] == "calibration" and r["fits"]]
+        informed = [abs(r["error_pct"]) for r in mine if r["split"] == "informed" and r["fits"]]
         out.append({by: key, "held_out_rows": sum(r["split"] == "held_out" for r in mine),
-                    "informed_rows": sum(r["split"] == "informed" for r in mine),
+                    "informed_rows": len(informed),
+                    "informed_mean_abs_pct": mean(informed) if informed else float("nan"),
                     "held_out_mean_abs_pct": mean(map(abs, held)) if held else float("nan"),
                     "held_out_worst_abs_pct": max(map(abs, held)) if held else float("nan"),
                     "held_out_bias_pct": mean(held) if held else float("nan"),

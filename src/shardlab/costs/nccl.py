@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shardlab.costs.collectives import bus_factor
 from shardlab.costs.hardware import nccl
@@ -29,14 +30,14 @@ from shardlab.costs.hardware import nccl
 
 @dataclass(frozen=True)
 class Span:
-    """Where a group's ranks sit: `ranks` in all, `per_node` of them on each node."""
+    """Where a group's ranks sit: `ranks` in all, `per_node` of them on each node, over `nodes` nodes."""
 
     ranks: int
     per_node: int
+    nodes: int = 0
 
-    @property
-    def nodes(self) -> int:
-        return -(-self.ranks // self.per_node)
+    def __post_init__(self):
+        object.__setattr__(self, "nodes", -(-self.ranks // self.per_node))
 
     @classmethod
     def of(cls, ranks: int, stride: int, gpus_per_node: int) -> Span:
@@ -55,13 +56,6 @@ def _bandwidth(device: dict, span: Span) -> float:
     return min(intra, nics * device["network_gbps"] * device["network_busbw_share"]) * 1e9
 
 
-def _ring_steps(collective: str, span: Span) -> tuple[int, int]:
-    """(steps, steps across nodes) of a ring."""
-    if collective == "all_reduce":
-        return 2 * (span.ranks - 1), (2 * span.nodes if span.nodes > 1 else 0)
-    return span.ranks - 1, span.nodes - 1
-
-
 def seconds(device: dict, collective: str, size_bytes: float, span: Span, efficiency: float = 1.0) -> float:
     """Seconds of one call of `collective` on `size_bytes` (nccl-tests' convention) over `span`."""
     if span.ranks < 2 or size_bytes <= 0:
@@ -70,24 +64,32 @@ def seconds(device: dict, collective: str, size_bytes: float, span: Span, effici
     if fitted is not None:
         return fitted.seconds_for(collective, size_bytes, span.ranks)
     bus = size_bytes * bus_factor(collective, span.ranks)
-    bandwidth = _bandwidth(device, span) * efficiency
-    model, intra_hop = nccl(), device["intra_node_hop"]
     if collective in ("sendrecv", "all_to_all", "broadcast"):
         return _point_to_point(device, collective, bus, span, efficiency)
-    steps, inter = _ring_steps(collective, span)
+    return _fastest(collective, bus, span.ranks, span.per_node, span.nodes, _bandwidth(device, span) * efficiency,
+                    device["intra_node_hop"], device.get("nvls_gain", 0.0))
+
+
+@lru_cache(maxsize=1 << 16)
+def _fastest(collective: str, bus: float, ranks: int, per_node: int, nodes: int, bandwidth: float, intra_hop: str,
+             nvls_gain: float) -> float:
+    """The fastest of NCCL's algorithms and protocols for a call (the search asks the same ones often)."""
+    model = nccl()
+    if collective == "all_reduce":
+        steps, inter = 2 * (ranks - 1), (2 * nodes if nodes > 1 else 0)
+    else:
+        steps, inter = ranks - 1, nodes - 1
     best = math.inf
     for protocol, p in model["ring"].items():
-        share = p["bandwidth"]
-        if protocol == "LL" and span.nodes == 1 and collective != "all_reduce":
-            share = 1 / 3
+        share = 1 / 3 if protocol == "LL" and nodes == 1 and collective != "all_reduce" else p["bandwidth"]
         latency = p["base"] + (steps - inter) * p["hop"][intra_hop] + inter * p["hop"]["network"]
         best = min(best, latency * 1e-6 + bus / (bandwidth * share))
-    if collective == "all_reduce" and span.nodes > 1:
+    if collective == "all_reduce" and nodes > 1:
         for p in model["tree"].values():
-            latency = p["base"] + 2 * ((span.per_node - 1) * p["hop"][intra_hop] + math.log2(span.nodes) * p["hop"]["network"])
+            latency = p["base"] + 2 * ((per_node - 1) * p["hop"][intra_hop] + math.log2(nodes) * p["hop"]["network"])
             best = min(best, latency * 1e-6 + bus / (bandwidth * p["bandwidth"]))
-    if collective == "all_reduce" and span.nodes == 1 and device.get("nvls_gain"):
-        best = min(best, model["nvls_latency_us"] * 1e-6 + bus / (bandwidth * device["nvls_gain"]))
+    if collective == "all_reduce" and nodes == 1 and nvls_gain:
+        best = min(best, model["nvls_latency_us"] * 1e-6 + bus / (bandwidth * nvls_gain))
     return best
 
 

@@ -71,6 +71,13 @@ class Plan:
     whole_embedding_grad: bool = False  # TP that keeps the vocabulary-split embedding's gradient whole (DTensor)
     vocab_parallel_loss: bool = True  # False: TP gathers the logits for a plain cross-entropy (whole on every rank)
 
+    def __hash__(self) -> int:  # the cost model's caches hash a plan many times per candidate of a search
+        try:
+            return self._hash
+        except AttributeError:
+            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f) for f in self.__dataclass_fields__)))
+            return self._hash
+
     @property
     def world(self) -> int:
         return self.dp * self.tp * self.pp * self.cp

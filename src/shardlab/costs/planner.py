@@ -201,7 +201,7 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true")
     one = out.add_argument_group("evaluate").add_mutually_exclusive_group()
     one.add_argument("--plan", default=Plan(), type=argument(parse_plan),
-                     help="one plan's fields, e.g. dp=8,tp=2,sp=true,zero=1 (the others at their defaults); "
+                     help="one plan's fields, e.g. dp=8,tp=2,sp=true,framework=mcore,zero=1 (the others at their defaults); "
                           "exit 1 if it cannot run or does not fit")
     one.add_argument("--plans", type=Path, help="a CSV (a header of field names) or YAML (a list of mappings) "
                                                 "file of plans: one line each, its prediction or why it cannot run; "

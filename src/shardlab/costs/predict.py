@@ -116,7 +116,8 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
     """The prediction for `plan` under `stack` (None: the default stack), or the reason it cannot run (a
     string). With `figures` (the cluster's `figures(stack)`), the caller has already checked
     `plan.rejection` (the search); `with_time=False`: memory only; `time_only_if_fits`: memory only for a
-    plan that does not fit."""
+    plan that does not fit, and its memory that of the first rank found over capacity (a search needs
+    no more)."""
     if figures is None:
         reason = rejection(model, plan, cluster, workload, stack)
         if reason:
@@ -125,6 +126,7 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
     m = micro_batches(plan, workload)
     ranks = predicted_ranks(model, plan)
     layer_params = sum(layer_parameters_on_rank(model, plan.tp, plan.ep))  # dense + this rank's experts
+    capacity = usable_bytes(figures)
     per_rank = {}
     for r in ranks:
         states = stage_states(model, plan, r)
@@ -134,9 +136,10 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
                "comm_buffers": comm_buffer_bytes(model, plan, workload, layer_params)}
         device_total = sum(mem.values()) - states.offloaded_bytes
         per_rank[r] = (device_total, mem, states)
+        if time_only_if_fits and device_total > capacity:
+            break
     fullest = max(per_rank, key=lambda r: per_rank[r][0])
     device_total, mem, states = per_rank[fullest]
-    capacity = usable_bytes(figures)
     host_needed = states.offloaded_bytes * cluster.gpus_per_node
     fits = device_total <= capacity and (cluster.host_memory_gb is None or host_needed <= cluster.host_memory_gb * 1e9)
     why = "fits" if fits else (

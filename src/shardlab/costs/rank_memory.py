@@ -33,6 +33,7 @@ def pipeline_ranks(n_layers: int, pp: int, v: int) -> tuple[tuple[int, bool, boo
     return tuple((sum(isinstance(u, int) for u in units), EMBED in units, HEAD in units) for units in held)
 
 
+@lru_cache(maxsize=65536)
 def rank_layers(n_layers: int, pp: int, v: int) -> tuple[int, ...]:
     """Transformer layers each pipeline rank holds."""
     return tuple(layers for layers, _, _ in pipeline_ranks(n_layers, pp, v))
@@ -173,6 +174,19 @@ def live_micro_batches(schedule: str, p: int, v: int, m: int, rank: int) -> tupl
     return tuple(s for s in seen if not any(o != s and all(a >= b for a, b in zip(o, s)) for o in seen))
 
 
+@lru_cache(maxsize=65536)
+def in_flight(n_layers: int, schedule: str, p: int, v: int, m: int, rank: int) -> tuple[tuple[int, int, int], ...]:
+    """The candidate peaks of what pipeline rank `rank` holds over the schedule, as (layer-micro-batches,
+    embedding micro-batches, head micro-batches): each `live_micro_batches` state summed over the rank's
+    chunks, only those no other state holds at least as much of in all three."""
+    chunks = rank_chunks(n_layers, p, v, rank)
+    sums = {(sum(n * layers for n, (layers, _, _) in zip(state, chunks)),
+             sum(n for n, (_, embedding, _) in zip(state, chunks) if embedding),
+             sum(n for n, (_, _, head) in zip(state, chunks) if head))
+            for state in live_micro_batches(schedule, p, v, m, rank)}
+    return tuple(s for s in sums if not any(o != s and all(a >= b for a, b in zip(o, s)) for o in sums))
+
+
 def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int) -> float:
     """What the transformer layers of pipeline rank `rank` store at its peak over the schedule."""
     return activation_bytes(model, plan, workload, rank, edges=False)
@@ -182,20 +196,43 @@ def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: in
     """Activation bytes of pipeline rank `rank` at its peak: each chunk's layers and, with `edges`,
     what sits outside them (`edge_activation_bytes`), times the micro-batches the chunk holds at the
     schedule's fullest moment; autocast's bf16 weight copies once (one autocast region runs all the
-    rank's micro-batches); full recompute: plus one layer's working set."""
+    rank's micro-batches); full or per-op recompute: plus one layer's working set."""
+    key = (plan.micro_batch, plan.tp, plan.cp, plan.ep, plan.sp, plan.sp_gathered_inputs, plan.activation_precision,
+           plan.attention, plan.recompute, plan.vocab_parallel_loss, plan.dtype)
+    per_layer, copies, embedding, head, head_copy, working_set = _activation_terms(model, key, plan, workload)
+    chunks = rank_chunks(model.num_layers, plan.pp, plan.virtual_stages, rank)
+    peaks = in_flight(model.num_layers, plan.schedule, plan.pp, plan.virtual_stages, micro_batches(plan, workload), rank)
+    edge = 1.0 if edges else 0.0
+    total = max(layers * per_layer + edge * (embeddings * embedding + heads * head) for layers, embeddings, heads in peaks)
+    total += sum(layers for layers, _, _ in chunks) * copies + working_set
+    if edges and any(has_head for _, _, has_head in chunks):
+        total += head_copy
+    return total
+
+
+def _activation_terms(model: ModelShape, key: tuple, plan: Plan, workload: Workload) -> tuple[float, ...]:
+    """What `activation_bytes` weighs by the schedule, the same on every rank of a plan and for every plan
+    with the same activation fields (`key`: a search tries each under several shardings): one layer's
+    bytes per micro-batch, autocast's weight copies per layer, the embedding's and the head's bytes per
+    micro-batch, the head's weight copy, and the working set of a recomputed layer."""
+    cache_key = (model, key, workload)
+    found = _ACTIVATION_TERMS.get(cache_key)
+    if found is None:
+        found = _ACTIVATION_TERMS[cache_key] = _activation_terms_of(model, plan, workload)
+        if len(_ACTIVATION_TERMS) > 65536:
+            _ACTIVATION_TERMS.clear()
+    return found
+
+
+_ACTIVATION_TERMS: dict = {}
+
+
+def _activation_terms_of(model: ModelShape, plan: Plan, workload: Workload) -> tuple[float, ...]:
     per_layer = activation_layer_bytes(model, plan, workload, weight_copies=False)
     copies = activation_layer_bytes(model, plan, workload) - per_layer
-    chunks = rank_chunks(model.num_layers, plan.pp, plan.virtual_stages, rank)
-    held = [layers * per_layer + (edge_activation_bytes(model, plan, workload, embedding, head) if edges else 0)
-            for layers, embedding, head in chunks]
-    states = live_micro_batches(plan.schedule, plan.pp, plan.virtual_stages, micro_batches(plan, workload), rank)
-    total = max(sum(n * b for n, b in zip(state, held)) for state in states)
-    total += sum(layers for layers, _, _ in chunks) * copies
-    if edges and any(head for _, _, head in chunks):
-        total += head_weight_copy_bytes(model, plan)
-    if plan.recompute in ("full", "op"):  # one layer's working set while it is recomputed
-        total += activation_layer_bytes(model, plan, workload, recompute="none")
-    return total
+    working_set = activation_layer_bytes(model, plan, workload, recompute="none") if plan.recompute in ("full", "op") else 0.0
+    return (per_layer, copies, edge_activation_bytes(model, plan, workload, True, False),
+            edge_activation_bytes(model, plan, workload, False, True), head_weight_copy_bytes(model, plan), working_set)
 
 
 def head_weight_copy_bytes(model: ModelShape, plan: Plan) -> float:

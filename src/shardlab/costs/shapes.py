@@ -41,6 +41,13 @@ class ModelShape:
     top_k: int = 1
     expert_intermediate: int | None = None  # None: intermediate_size
 
+    def __hash__(self) -> int:  # the cost model's caches hash a shape millions of times in a search
+        try:
+            return self._hash
+        except AttributeError:
+            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f) for f in self.__dataclass_fields__)))
+            return self._hash
+
     @classmethod
     def from_dict(cls, d: dict) -> ModelShape:
         """From a shardlab model config, a Hugging Face config.json, or a planner scenario (which may

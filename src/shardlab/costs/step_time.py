@@ -22,6 +22,8 @@ with gloo) nothing hides:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from shardlab.costs import nccl, sharded_states
 from shardlab.costs.comm_volume import (Call, cp_calls, ep_calls, gradient_bytes, parameter_bytes, pipeline_calls,
                                         sharded_per_micro_batch, step_sync_calls, tp_calls)
@@ -37,9 +39,15 @@ TIME_COMPONENTS = ("compute", "tp_comm", "cp_comm", "ep_comm", "zero_comm", "pp_
 
 
 def calls_s(device: dict, calls: list[Call], span: Span) -> float:
-    """Seconds of a list of calls issued one after another over `span`."""
+    """Seconds of a list of calls issued one after another over `span` (calls of the same collective and
+    size costed once)."""
+    if span.ranks < 2 or not calls:
+        return 0.0
     efficiency = device.get("collective_efficiency", 1.0)
-    return sum(c.count * nccl.seconds(device, c.collective, c.size_bytes, span, efficiency) for c in calls)
+    counts: dict[tuple, int] = {}
+    for c in calls:
+        counts[c.collective, c.size_bytes] = counts.get((c.collective, c.size_bytes), 0) + c.count
+    return sum(n * nccl.seconds(device, collective, size, span, efficiency) for (collective, size), n in counts.items())
 
 
 # --- compute ------------------------------------------------------------------------------------------
@@ -105,7 +113,17 @@ def attention_rate(device: dict, plan: Plan, workload: Workload, peak: float, ge
 def layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> tuple[float, float, float]:
     """(forward, backward, GEMM) seconds of one layer for one micro-batch on one rank; backward
     includes what recompute runs again. GEMM: the layer's matrix products, all passes (what
-    overlapped TP collectives hide behind)."""
+    overlapped TP collectives hide behind). Memoised in the device's figures: a search times the same
+    layer under many shardings and pipelines."""
+    memo = device.setdefault("_layer_compute", {})
+    key = (model, workload, plan.micro_batch, plan.tp, plan.cp, plan.ep, plan.sp, plan.sp_gathered_inputs,
+           plan.activation_precision, plan.attention, plan.recompute, plan.dtype)
+    if key not in memo:
+        memo[key] = _layer_compute(model, plan, workload, device)
+    return memo[key]
+
+
+def _layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> tuple[float, float, float]:
     peak = peak_flops(device, plan.dtype)
     tokens = plan.micro_batch * workload.seq_len / plan.cp
     hbm = device["hbm_tbps"] * 1e12 * device["hbm"]
@@ -134,10 +152,14 @@ def head_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict
 # --- where groups sit ---------------------------------------------------------------------------------
 def spans(plan: Plan, device: dict) -> dict[str, Span]:
     """The span of each group of the mesh (Megatron's order, innermost first: tp, cp, dp, pp)."""
-    per_node = device["gpus_per_node"]
-    return {"tp": Span.of(plan.tp, 1, per_node), "cp": Span.of(plan.cp, plan.tp, per_node),
-            "dp": Span.of(plan.dp * plan.cp, plan.tp, per_node),  # gradients reduce over dp x cp
-            "ep": Span.of(plan.ep, plan.tp, per_node), "pp": Span.of(plan.pp, plan.tp * plan.cp * plan.dp, per_node)}
+    return _spans(plan.tp, plan.cp, plan.dp, plan.ep, plan.pp, device["gpus_per_node"])
+
+
+@lru_cache(maxsize=4096)
+def _spans(tp: int, cp: int, dp: int, ep: int, pp: int, per_node: int) -> dict[str, Span]:
+    return {"tp": Span.of(tp, 1, per_node), "cp": Span.of(cp, tp, per_node),
+            "dp": Span.of(dp * cp, tp, per_node),  # gradients reduce over dp x cp
+            "ep": Span.of(ep, tp, per_node), "pp": Span.of(pp, tp * cp * dp, per_node)}
 
 
 # --- ZeRO-3 / FSDP: per layer, behind the compute -----------------------------------------------------

@@ -233,3 +233,22 @@ def composed_memory(worst: pd.DataFrame) -> str:
     lead = ("The cost model predicts every rank of every composed run within its goals"
             if met.all() else "The cost model misses its goal for " + _listed(list(worst.loc[~met, "quantity"])))
     return f"{lead}: worst errors {', '.join(parts)}. Each point is one rank's bytes of one category."
+
+
+def planner_published(by_source: pd.DataFrame, rows: pd.DataFrame) -> str:
+    """planning_published_by_source.csv and planning_published.csv: the planner's held-out error per source,
+    which sources meet the goals (mean <= 10 %, worst <= 20 % where three or more rows are held out), the
+    configurations predicted not to fit, and the rows that chose a model change."""
+    judged = by_source[by_source["held_out_rows"] >= 3]
+    parts = [f"{r.source} {r.held_out_mean_abs_pct:.1f} % mean, {r.held_out_worst_abs_pct:.0f} % worst, "
+             f"{r.held_out_bias_pct:+.1f} % bias over {r.held_out_rows:.0f} rows" for r in judged.itertuples()]
+    met = (judged["held_out_mean_abs_pct"] <= 10) & (judged["held_out_worst_abs_pct"] <= 20)
+    lead = ("On every source with three or more held-out rows the planner is within 10 % mean and 20 % worst"
+            if met.all() else "The planner misses its held-out goal on " + _listed(list(judged.loc[~met, "source"])))
+    failed = rows[~_truthy(rows["fits"])]
+    fit = ("no configuration that ran is predicted not to fit" if failed.empty else
+           f"{len(failed)} configurations that ran are predicted not to fit ({_listed(list(failed['row']))})")
+    informed = rows[rows["split"] == "informed"]
+    told = (f"; {len(informed)} rows ({_listed(sorted(set(informed['source'])))}) are in-sample: their errors chose "
+            "a model change" if len(informed) else "")
+    return f"{lead} ({'; '.join(parts)}); {fit}{told}."

@@ -21,7 +21,7 @@ A MODEL, never a measurement, on stated assumptions:
   times the in-training factor (median measured/predicted over the runs that time their whole
   communication: in training, ranks reach a collective at different moments and share the cores with
   compute, which an idle benchmark does not see);
-- on another link, communication is costed by `costs.network` (nominal bandwidth, assumed latency);
+- on another link, communication is costed by `costs.network` (the bus bandwidth NCCL reaches on it and NCCL's latency model, hardware.yaml);
 - step time is bounded by two overlap assumptions: none (compute + communication) and perfect
   (max(compute, communication)); real overlap lies between;
 - compute does not change with the link (same devices), and what the plan does not count
@@ -39,7 +39,7 @@ from shardlab.costs.alpha_beta import models_from_table
 from shardlab.costs.comm_volume import Call, bytes_per_rank
 from shardlab.costs.plan import Workload
 from shardlab.costs.predict import collectives
-from shardlab.costs.network import LINKS, MEASURED_LINK, Link, link_models, plan_seconds
+from shardlab.costs.network import LINKS, MEASURED_LINK, Link, plan_seconds
 from shardlab.costs.shapes import ModelShape
 from shardlab.strategies import REGISTRY, get_spec
 from shardlab.tables import TableInputs
@@ -162,9 +162,10 @@ def share_table(runs: pd.DataFrame, plans: Plans, fits: pd.DataFrame) -> pd.Data
 
 
 def _scenarios(fits: pd.DataFrame, links: list[Link]) -> list[tuple]:
-    """(order, link name, bandwidth, alpha-beta models): this machine's fit first, then the links by bandwidth."""
+    """(order, link name, bandwidth, the link or alpha-beta models): this machine's fit first, then the
+    links by bandwidth."""
     measured = [(0, MEASURED_LINK, None, models_from_table(fits))]
-    return measured + [(k, link.name, link.bandwidth_GBps, link_models(link)) for k, link in enumerate(links, 1)]
+    return measured + [(k, link.name, link.bandwidth_GBps, link) for k, link in enumerate(links, 1)]
 
 
 def whatif_table(share: pd.DataFrame, plans: Plans, fits: pd.DataFrame, links: list[Link] = LINKS) -> pd.DataFrame:
@@ -220,7 +221,7 @@ def projection_table(world: int = 8, links: list[Link] = LINKS) -> pd.DataFrame:
         for order, link in enumerate(links, 1):
             rows.append({"scenario": PROJECTION_LABEL, "strategy": strategy, "world_size": world, "link": link.name,
                          "bandwidth_GBps": link.bandwidth_GBps, "bytes_per_rank": bytes_per_rank(plan),
-                         "calls_per_step": sum(c.count for c in plan), "comm_s": plan_seconds(plan, link_models(link)),
+                         "calls_per_step": sum(c.count for c in plan), "comm_s": plan_seconds(plan, link),
                          "family": REGISTRY[strategy].family, "plan_group": ", ".join(groups[strategy]),
                          "group_representative": groups[strategy][0] == strategy, "link_order": order})
     return pd.DataFrame(rows)

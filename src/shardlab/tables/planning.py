@@ -5,12 +5,14 @@
   tokens/s, MFU, the bottleneck.
 - planning_rejected: per scenario, why the other plans fail (reason, count, one example).
 - planning_what_if: per scenario and what-if (catalog figures scaled), the best plan and its speed-up.
-- planning_zero_ladder: the ZeRO rungs on one scenario's cluster, by the decision tree and by the
-  full planner (activations included), each with why it fits or not.
-- planning_published: the published large-scale points, measured vs predicted.
-- planning_published_loo: Korthikanti et al.'s iteration times, each model predicted by efficiencies
-  fitted on the other three.
-- planning_published_fsdp: MosaicML's FSDP throughput on H100, calibration and held-out rows.
+- planning_zero_ladder: the ZeRO rungs on one scenario's cluster as the decision tree sees them (a view
+  of the planner: `costs.zero_tree`), each with its memory and why it fits or not.
+- planning_published: every published run (costs/published.yaml) against its prediction: throughput
+  per GPU published and predicted, the error, the split (calibration, held out, informed), whether it
+  is predicted to fit.
+- planning_published_by_source, planning_published_by_stack: the held-out rows' mean, worst and signed
+  error and the false "does not fit" count, per source and per software stack.
+- planning_published_memory: Korthikanti et al.'s memory per GPU against the planner's.
 - planning_crosscheck: the planner beside DeepSpeed's estimator and Megatron's formula.
 """
 
@@ -19,13 +21,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.costs import calibration, crosscheck, published
-from shardlab.costs.hardware import memory_bytes
-from shardlab.costs.plan import Plan
+from shardlab.costs import comparison, crosscheck
 from shardlab.costs.planner import Scenario, known_models, model_shape, scenarios
-from shardlab.costs.predict import MEMORY_CATEGORIES, Prediction, evaluate
+from shardlab.costs.predict import MEMORY_CATEGORIES, Prediction
 from shardlab.costs.search import SearchResult, search
-from shardlab.costs.zero_tree import DEFAULT_HEADROOM, data_parallel_plan, feasibility
+from shardlab.costs.zero_tree import choose, ladder
 from shardlab.core.pool import ordered_map
 from shardlab.strategies.zero import deepspeed_ladder
 from shardlab.tables import TableInputs
@@ -36,7 +36,7 @@ GB = 1e9
 def prediction_row(p: Prediction) -> dict:
     row = {"plan": p.plan.label(), **{f"plan_{k}": v for k, v in p.plan.as_dict().items()},
            "tokens_per_s": p.tokens_per_s, "mfu": p.mfu, "hfu": p.hfu, "tflops_per_gpu": p.tflops_per_gpu,
-           "step_s": p.step_s, "bottleneck": p.bottleneck,
+           "step_s": p.step_s, "bottleneck": p.bottleneck, "stack": p.stack, "implausible": p.flag,
            "device_gb": p.device_bytes / GB, "usable_gb": p.capacity_bytes / GB, "fits": p.fits, "why": p.why}
     row.update({f"{k}_gb": p.memory[k] / GB for k in (*MEMORY_CATEGORIES, "host_bytes")})
     row.update({f"time_{k}_s": v for k, v in p.time.items()})  # seconds per step by component
@@ -49,7 +49,8 @@ def prediction_row(p: Prediction) -> dict:
 def search_task(task: tuple[Scenario, dict | None, int]) -> SearchResult:
     """One search of the tables: (scenario, what-if factors of its catalog figures or None, plans kept)."""
     s, factors, top = task
-    return search(s.model, s.cluster.scaled(**factors) if factors else s.cluster, s.workload, top=top, space=s.space)
+    return search(s.model, s.cluster.scaled(**factors) if factors else s.cluster, s.workload, top=top, space=s.space,
+                  stack=s.stack)
 
 
 def run_searches(tasks: list, workers: int) -> list[SearchResult]:
@@ -62,8 +63,11 @@ def scenario_tables(s: Scenario, result: SearchResult, alternatives: dict[str, S
     """The tables of one scenario: its search, and each what-if's search (`alternatives`, by name)."""
     base = {"scenario": s.name}
     best = result.ranked[0] if result.ranked else None
+    band, basis = comparison.error_band(s.stack, s.cluster.device["generation"])
     summary = dict(base, description=s.description, parameters_b=s.model.parameters() / 1e9,
                    active_parameters_b=s.model.active_parameters() / 1e9, hardware=s.cluster.accelerator,
+                   stack=s.stack, error_band_pct=band, error_band_basis=basis,
+                   implausible=best.flag if best else "",
                    gpus=s.cluster.gpus, global_batch=s.workload.global_batch, seq_len=s.workload.seq_len,
                    candidates=result.candidates, fitting=result.fitting, search_s=result.seconds,
                    best_plan=best.plan.label() if best else "none fits",
@@ -86,38 +90,22 @@ def scenario_tables(s: Scenario, result: SearchResult, alternatives: dict[str, S
 
 
 def zero_ladder_rows(s: Scenario, micro_batch: int) -> list[dict]:
-    """Each ZeRO rung on the scenario's GPUs as pure data parallelism: the decision tree's verdict
-    (model states only, 25 % headroom) beside the full planner's (activations included)."""
-    device = s.cluster.device
-    ladder = deepspeed_ladder()
-    tree = {r["rung"]: r for r in feasibility(ladder, s.model.parameters(), s.cluster.gpus, memory_bytes(device))}
-    rows = []
-    for rung, facts in ladder.items():
-        plan = Plan(**{**data_parallel_plan(facts, s.cluster.gpus, "bf16", "adamw").as_dict(), "micro_batch": micro_batch})
-        p = evaluate(s.model, plan, s.cluster, s.workload)
-        full = prediction_row(p) if isinstance(p, Prediction) else {"fits": False, "why": p}
-        rows.append({"scenario": s.name, "rung": rung, "tree_model_states_gb": tree[rung]["device_peak_bytes"] / GB,
-                     "tree_budget_gb": tree[rung]["budget_bytes"] / GB, "tree_fits": tree[rung]["fits"],
-                     "tree_why": tree[rung]["why"], "headroom": DEFAULT_HEADROOM,
-                     **{f"planner_{k}": v for k, v in full.items() if not k.startswith("plan_")}})
-    return rows
+    """Each ZeRO rung on the scenario's devices as pure data parallelism, as the decision tree sees it
+    (`costs.zero_tree`: the planner's memory, one micro-batch per device), and the rung it chooses."""
+    rows = ladder(s.model, s.cluster, s.workload.seq_len, deepspeed_ladder(), micro_batch)
+    choice = choose(rows)
+    return [{"scenario": s.name, **{k.replace("_bytes", "_gb") if k.endswith("_bytes") else k:
+                                     v / GB if k.endswith("_bytes") else v for k, v in r.items()},
+             "chosen": r["rung"] == choice} for r in rows]
 
 
-def published_summary(rows: list[dict]) -> list[dict]:
-    """Mean and worst error per quantity beside this project's goal and the best open model's error."""
-    ref = published.reference()
-    goals, theirs = ref["goals_pct"], ref["reference_model_error_pct"]
-    key = {"iteration_time_s": "time", "params_optimizer_gib": "params_optimizer", "activations_gib": "activations"}
-    out = []
-    for quantity, err in published.summary(rows).items():
-        goal_mean, goal_worst = ((goals["time_mean"], goals["time_worst"]) if quantity == "iteration_time_s"
-                                 else (goals["memory_each"], goals["memory_each"]))
-        out.append({"quantity": quantity, "points": err["n"], "mean_abs_error_pct": err["mean"],
-                    "worst_abs_error_pct": err["worst"], "goal_mean_pct": goal_mean, "goal_worst_pct": goal_worst,
-                    "meets_goal": err["mean"] <= goal_mean and err["worst"] <= goal_worst,
-                    "best_open_model_mean_pct": theirs[key[quantity]]["mean"],
-                    "best_open_model_worst_pct": theirs[key[quantity]]["worst"]})
-    return out
+def published_tables() -> dict[str, list[dict]]:
+    """Every published run against its prediction, summarised per source and per stack, and
+    Korthikanti et al.'s memory values."""
+    rows = comparison.results()
+    return {"planning_published": rows, "planning_published_by_source": comparison.summary(rows, "source"),
+            "planning_published_by_stack": comparison.summary(rows, "stack"),
+            "planning_published_memory": comparison.memory_results()}
 
 
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
@@ -136,13 +124,9 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         alternatives = {name: next(results) for name in what_if}
         for name, rows in scenario_tables(s, result, alternatives).items():
             out.setdefault(name, []).extend(rows)
-    ladder = planning.get("zero_ladder")
-    out["planning_zero_ladder"] = zero_ladder_rows(found[ladder["scenario"]], ladder["micro_batch"]) if ladder else []
-    out["planning_published"] = published.rows()
-    out["planning_published_summary"] = published_summary(out["planning_published"])
-    out["planning_published_loo"] = calibration.megatron_leave_one_out()
-    out["planning_published_fsdp"] = published.fsdp_rows()
-    out["planning_published_llama3"] = published.llama3_rows()
+    zero = planning.get("zero_ladder")
+    out["planning_zero_ladder"] = zero_ladder_rows(found[zero["scenario"]], zero["micro_batch"]) if zero else []
+    out.update(published_tables())
     out["planning_crosscheck"] = crosscheck.rows({name: model_shape(name) for name in known_models()})
     return {name: pd.DataFrame(rows, columns=COLUMNS.get(name)) for name, rows in out.items()}
 
@@ -150,9 +134,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
 # Tables that may have no rows (no ladder, no rejected plan) keep their columns.
 COLUMNS = {
     "planning_rejected": ["scenario", "reason", "plans", "example"],
-    "planning_zero_ladder": ["scenario", "rung", "tree_model_states_gb", "tree_budget_gb", "tree_fits", "tree_why",
-                             "headroom", "planner_parameters_gb", "planner_gradients_gb", "planner_optimizer_gb",
-                             "planner_activations_gb", "planner_comm_buffers_gb", "planner_host_bytes_gb",
-                             "planner_device_gb", "planner_usable_gb", "planner_fits", "planner_why",
-                             "planner_tokens_per_s", "planner_mfu"],
+    "planning_zero_ladder": ["scenario", "rung", "device_gb", "usable_gb", "host_per_node_gb", "parameters_gb",
+                             "gradients_gb", "optimizer_gb", "activations_gb", "comm_buffers_gb", "fits", "why",
+                             "chosen"],
 }

@@ -3,12 +3,12 @@
 - zero_memory: per run and rank, measured vs predicted parameter/gradient/optimizer bytes (the
   memory model's error in %), where they live (device or host: `costs.sharded_states.host_bytes`), with
   the run's throughput and outcome.
-- zero_tree_check: per run, does the memory model put the rung on the same side of the device
-  memory as the run? With a budget (`launch.device_memory_budget_bytes`, a smaller device than the
-  machine's) the run's measured device-resident model states decide; without one, its outcome (ok /
-  oom) on the real device.
-- zero_plan: the decision tree's choice over a grid of model sizes and device counts (80 GB
-  devices, bf16 + AdamW), the study's decision-tree figure as data.
+- zero_tree_check: per run, does the planner put the rung on the same side of the device memory as
+  the run? With a budget (`launch.device_memory_budget_bytes`, a smaller device than the machine's)
+  the run's measured device-resident model states and activations decide; without one, its outcome
+  (ok / oom) on the real device.
+- zero_plan: the decision tree's choice (`costs.zero_tree`, a view of the planner) over the catalogued
+  models and device counts (A100-80GB, bf16 + AdamW, one 2048-token sequence per device).
 - zero_rungs: per rung, the largest measured and predicted bytes over ranks and the largest
   absolute error of the memory model.
 - zero_verdicts: per experiment, the memory model's worst error and how many runs agree with the
@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import pandas as pd
 
+from shardlab.costs.plan import Cluster, Workload
+from shardlab.costs.predict import Prediction, evaluate, rank_activations, rank_states
+from shardlab.costs.shapes import model_shape
 from shardlab.costs.sharded_states import host_bytes
-from shardlab.costs.predict import rank_states, stage_states
-from shardlab.costs.zero_tree import DEFAULT_HEADROOM, choose, feasibility
+from shardlab.costs.zero_tree import choose, cluster_of, ladder
 from shardlab.strategies import REGISTRY, Family
 from shardlab.strategies.zero import deepspeed_ladder
 from shardlab.tables import TableInputs
 
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
-PLAN_PARAMS = [1.25e8, 1e9, 2.8e9, 6.9e9, 1.2e10, 3e10, 7e10, 1.75e11]
+PLAN_MODELS = ["pythia-160m", "pythia-1b", "pythia-2.8b", "pythia-6.9b", "pythia-12b", "gpt3-175b"]
 PLAN_GPUS = [1, 2, 4, 8, 16, 64]
+MACHINE, STACK = "CPU (calibrated)", "shardlab"  # the runs' device and stack (tables.predictions)
 
 
 def _on_ladder(summary: dict) -> bool:
@@ -74,48 +77,62 @@ def device_memory(summaries: list[dict]) -> float | None:
 
 
 def tree_check_rows(summaries: list[dict], exp: dict, shape, device_mem: float | None,
-                    budget: float | None = None, headroom: float = DEFAULT_HEADROOM) -> list[dict]:
-    """Does the memory model place each run on the right side of the device memory? The experiment's
-    model `shape`, so failed runs (which carry no model) are checked too.
+                    budget: float | None = None) -> list[dict]:
+    """Does the planner (the decision tree is a view of it: `costs.zero_tree`) place each run on the right
+    side of the device memory? The experiment's model `shape`, so failed runs (which carry no model) are
+    checked too; the device is this machine under the runner's stack, its memory the machine's or the
+    budget's, less the stack's runtime allowance.
 
-    Without a `budget` the device is the machine's and the run's outcome is the truth: a rung the tree
-    calls feasible must have run, one it rules out must have run out of memory. With a budget (a
-    device smaller than the machine's, so that the check can fail on a CPU that never runs out) the
-    truth is measured: the rank's device-resident model states against the same usable share."""
+    Without a `budget` the run's outcome is the truth: a rung the planner says fits (its peak memory)
+    must have run, one it rules out must have run out of memory. With a budget (a device smaller than
+    the machine's, so that the check can fail on a CPU that never runs out) the truth is measured: the
+    rank's device-resident model states after the step and its saved activations, against the planner's
+    prediction of the same two for the same rank."""
     memory = budget or device_mem
     rows = []
     for s in filter(_on_ladder, summaries):
         if s["status"] not in ("ok", "oom") or memory is None or shape is None or not s.get("world_size"):
             continue  # a run that failed for another reason says nothing about memory
-        strategy = s["strategy"]
-        plan = REGISTRY[strategy].run_plan(exp, s["world_size"])
-        states = stage_states(shape, plan, 0)  # the even split: what the decision tree assumes
-        usable = memory * (1 - headroom)
-        row = {"experiment": s["experiment"], "strategy": strategy, "world_size": s["world_size"],
+        strategy, world = s["strategy"], s["world_size"]
+        spec = REGISTRY[strategy]
+        plan, model, workload = spec.run_plan(exp, world), spec.run_model(shape, exp), Workload.from_training(exp["training"])
+        device = Cluster(MACHINE, 1, world, overrides={"hbm_gb": memory / 2**30})
+        p = evaluate(model, plan, device, workload, STACK, with_time=False)
+        if not isinstance(p, Prediction):
+            continue
+        row = {"experiment": s["experiment"], "strategy": strategy, "world_size": world,
                "parameters": shape.parameters(), "device_memory_bytes": memory, "budgeted": budget is not None,
-               "headroom": headroom, "predicted_device_peak_bytes": states.device_peak_bytes,
-               "tree_says_fits": states.device_peak_bytes <= usable, "outcome": s["status"]}
-        if budget is None:  # the tree's verdict (model states at their peak) against the outcome
-            row.update(evidence="outcome", predicted_fits=row["tree_says_fits"], fits=s["status"] == "ok")
-        elif s["status"] == "ok":  # steady device-resident model states, predicted against measured
-            held = max(sum(r[k] for k in STATES) - host_bytes(plan.offload, *(r[k] for k in STATES))
-                       for r in s["ranks"])
-            predicted = states.total_bytes - states.offloaded_bytes
-            row.update(evidence="measured device bytes", predicted_device_bytes=predicted, measured_device_bytes=held,
-                       predicted_fits=predicted <= usable, fits=held <= usable)
+               "usable_bytes": p.capacity_bytes, "planner_peak_bytes": p.device_bytes, "planner_says_fits": p.fits,
+               "outcome": s["status"]}
+        if budget is None:  # the planner's verdict against the outcome
+            row.update(evidence="outcome", predicted_fits=p.fits, fits=s["status"] == "ok")
+        elif s["status"] == "ok":  # device-resident model states and activations, predicted against measured
+            held, predicted = [], []
+            for r in s["ranks"]:
+                held.append(sum(r[k] for k in STATES) - host_bytes(plan.offload, *(r[k] for k in STATES))
+                            + (r.get("activation_bytes") or 0))
+                states = rank_states(model, plan, r["rank"])
+                predicted.append(states.total_bytes - states.offloaded_bytes
+                                 + rank_activations(model, plan, workload, r["rank"]))
+            row.update(evidence="measured device bytes", measured_device_bytes=max(held),
+                       predicted_device_bytes=max(predicted), predicted_fits=max(predicted) <= p.capacity_bytes,
+                       fits=max(held) <= p.capacity_bytes)
         else:
             continue  # out of memory on the real device: says nothing about a smaller budget
         rows.append(dict(row, consistent=row["predicted_fits"] == row["fits"]))
     return rows
 
 
-def plan_rows(gpu_mem: float = 80e9, dtype: str = "bf16", optimizer: str = "adamw") -> list[dict]:
+def plan_rows(accelerator: str = "A100-80GB SXM", seq_len: int = 2048) -> list[dict]:
+    """The decision tree's choice over the catalogued models and device counts (bf16, AdamW, one
+    micro-batch of `seq_len` tokens per device)."""
     rows = []
-    for n_params in PLAN_PARAMS:
+    for name in PLAN_MODELS:
+        model = model_shape(name)
         for gpus in PLAN_GPUS:
-            choice = choose(feasibility(deepspeed_ladder(), n_params, gpus, gpu_mem, dtype, optimizer))
-            rows.append({"parameters": n_params, "gpus": gpus, "gpu_memory_bytes": gpu_mem,
-                         "headroom": DEFAULT_HEADROOM, "choice": choice or "none (needs TP/PP)"})
+            choice = choose(ladder(model, cluster_of(accelerator, gpus), seq_len, deepspeed_ladder()))
+            rows.append({"model": name, "parameters": model.parameters(), "gpus": gpus, "accelerator": accelerator,
+                         "seq_len": seq_len, "choice": choice or "none (needs TP/PP)"})
     return rows
 
 

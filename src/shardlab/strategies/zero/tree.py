@@ -1,49 +1,71 @@
 """`python -m shardlab plan-zero`: the ZeRO decision tree (`costs.zero_tree`) over DeepSpeed's rungs
-of the registry's ladder (`RUNGS`).
+of the registry's ladder (`RUNGS`), predicted by the planner itself (so `plan evaluate` agrees).
 
-    python -m shardlab plan-zero --params 6.9e9 --gpus 2 --gpu-mem 80GB
+    python -m shardlab plan-zero --model pythia-6.9b --hardware "A100-80GB SXM" --gpus 2
+    python -m shardlab plan-zero --model pythia-6.9b --hardware "A100-80GB SXM" --gpus 2 --what-if hbm_gb=0.3
 """
 
 from __future__ import annotations
 
 import argparse
 
-from shardlab.costs.zero_tree import DEFAULT_HEADROOM, choose, feasibility, parse_bytes
+from shardlab.costs import hardware
+from shardlab.costs.shapes import model_shape
+from shardlab.costs.zero_tree import choose, cluster_of, ladder
 from shardlab.strategies.zero import deepspeed_ladder
 
+GB = 1e9
 
-def plan(n_params: float, gpus: int, gpu_mem: float, **kw) -> dict:
-    rows = feasibility(deepspeed_ladder(), n_params, gpus, gpu_mem, **kw)
+
+def plan(model, accelerator: str, gpus: int, seq_len: int = 2048, micro_batch: int = 1, host_memory_gb=None,
+         overrides: dict | None = None, **kw) -> dict:
+    rows = ladder(model, cluster_of(accelerator, gpus, host_memory_gb, overrides), seq_len, deepspeed_ladder(),
+                  micro_batch, **kw)
     return {"choice": choose(rows), "rows": rows}
 
 
-def render(result: dict, n_params: float, gpus: int, gpu_mem: float, headroom: float) -> str:
-    gb = 1e9
-    lines = [f"{n_params / 1e9:.2f}B parameters on {gpus} device(s) of {gpu_mem / gb:.0f} GB "
-             f"(budget {gpu_mem * (1 - headroom) / gb:.1f} GB after a {headroom:.0%} activation/headroom margin)"]
+def render(result: dict, name: str, accelerator: str, gpus: int, seq_len: int, micro_batch: int) -> str:
+    lines = [f"{name} on {gpus} x {accelerator}, one micro-batch of {micro_batch} x {seq_len} tokens per device, "
+             "DeepSpeed (memory as `plan evaluate` predicts it)"]
     for r in result["rows"]:
         mark = "->" if r["rung"] == result["choice"] else "  "
-        lines.append(f"{mark} {r['rung']:14s} {r['device_peak_bytes'] / gb:8.1f} GB/device  "
-                     f"{'fits' if r['fits'] else 'no  '}  ({r['why']})")
-    lines.append(f"choice: {result['choice'] or 'none: the model states do not fit; add tensor/pipeline parallelism or more devices'}")
+        held = f"{r['device_bytes'] / GB:8.1f} GB of {r['usable_bytes'] / GB:.1f}" if "device_bytes" in r else " " * 8
+        lines.append(f"{mark} {r['rung']:14s} {held}  {'fits' if r['fits'] else 'no  '}  ({r['why']})")
+    lines.append(f"choice: {result['choice'] or 'none: add tensor/pipeline parallelism or more devices'}")
     return "\n".join(lines)
+
+
+def what_if(text: str) -> tuple[str, float]:
+    key, _, factor = text.partition("=")
+    try:
+        return key.strip(), float(factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not figure=factor (e.g. hbm_gb=0.3)") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardlab plan-zero", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", type=float, required=True, help="parameter count, e.g. 6.9e9")
-    parser.add_argument("--gpus", type=int, required=True, help="data-parallel devices")
-    parser.add_argument("--gpu-mem", required=True, help="memory per device, e.g. 80GB or 24GiB")
-    parser.add_argument("--host-mem", default=None, help="host memory for offloaded state (default: unlimited)")
+    parser.add_argument("--model", required=True, help="a name of costs/models.yaml, or a config file of a shape")
+    parser.add_argument("--hardware", required=True, help="accelerator name in costs/hardware.yaml")
+    parser.add_argument("--gpus", type=int, required=True, help="data-parallel devices (at least 1)")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per device and micro-batch")
+    parser.add_argument("--host-memory-gb", type=float, default=None, help="per node, for offload (default: unlimited)")
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
-                        help="fraction of device memory kept for activations and buffers (default 0.25)")
+    parser.add_argument("--what-if", nargs="*", default=[], type=what_if, help="scale catalog figures, e.g. hbm_gb=0.3")
     args = parser.parse_args(argv)
-    gpu_mem = parse_bytes(args.gpu_mem)
-    host_mem = parse_bytes(args.host_mem) if args.host_mem else None
-    result = plan(args.params, args.gpus, gpu_mem, dtype=args.dtype, optimizer=args.optimizer,
-                  headroom=args.headroom, host_mem=host_mem)
-    print(render(result, args.params, args.gpus, gpu_mem, args.headroom))
+    for name, value in (("--gpus", args.gpus), ("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
+        if value < 1:
+            parser.error(f"{name}: {value} is not a count of at least 1")
+    try:
+        model = model_shape(args.model)
+        device = hardware.by_name(args.hardware)
+        overrides = {k: device[k] * f for k, f in args.what_if}
+        result = plan(model, args.hardware, args.gpus, args.seq_len, args.micro_batch, args.host_memory_gb, overrides,
+                      dtype=args.dtype, optimizer=args.optimizer)
+    except (KeyError, ValueError) as err:
+        parser.error(str(err.args[0]))
+    print(render(result, args.model, args.hardware, args.gpus, args.seq_len, args.micro_batch))
     return 0
