@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from shardlab.costs import crosscheck, published, rank_memory
+from shardlab.costs import crosscheck, rank_memory
 from shardlab.costs.plan import Cluster, Plan, Workload, rejection
 from shardlab.costs.planner import main as plan_main
 from shardlab.costs.planner import model_shape

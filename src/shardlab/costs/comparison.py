@@ -4,7 +4,7 @@ plan, cluster and stack, with the error on throughput (tokens per second per GPU
 configuration that ran is predicted to fit, and summaries per source and per stack of the held-out
 rows: mean and worst absolute error, the signed mean (bias), and the false "does not fit" count.
 
-Korthikanti et al.'s memory values (Figure 1) are compared apart (`memory_rows`).
+Korthikanti et al.'s memory values (Figure 1) are compared apart (`memory_results`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from functools import lru_cache
 from statistics import mean
 
-from shardlab.costs import predict, published, rank_memory
-from shardlab.costs import stacks as costs_stacks
+from shardlab.costs import predict, published, rank_memory, stacks
+from shardlab.costs.hardware import by_name
 from shardlab.costs.plan import Cluster, Plan, Workload, rejection
 from shardlab.costs.published import Row
 from shardlab.costs.search import Space, candidates, rank_key
@@ -78,17 +78,17 @@ def row_result(row: Row, overrides: dict | None = None) -> dict:
             "flag": p.flag if p else ""}
 
 
-def results(overrides_by_stack: dict | None = None, stacks: set | None = None) -> list[dict]:
-    """Every published row (of `stacks`, if given) against its prediction; `overrides_by_stack`: {stack:
-    efficiencies} to try."""
+def results(overrides_by_stack: dict | None = None, only: set | None = None) -> list[dict]:
+    """Every published row (of the stacks `only`, if given) against its prediction; `overrides_by_stack`:
+    {stack: efficiencies} to try, for its rows and those of the stacks that borrow from it."""
     overrides_by_stack = overrides_by_stack or {}
     return [row_result(r, overrides_by_stack.get(lender(r))) for r in published.rows()
-            if stacks is None or r.stack in stacks]
+            if only is None or r.stack in only]
 
 
 def lender(row: Row) -> str:
     """The stack whose calibrated efficiencies the row's stack runs at (itself, or the one it borrows from)."""
-    return costs_stacks.efficiencies(row.stack, row.generation)[1] or row.stack
+    return stacks.efficiencies(row.stack, row.generation)[1] or row.stack
 
 
 def summary(table: list[dict], by: str) -> list[dict]:
@@ -150,10 +150,10 @@ def error_band(stack: str, generation: str) -> tuple[float, str]:
     any calibrated stack of the generation (no row checks it); (nan, why) where nothing of the generation
     was published."""
     held = [r for r in _table() if r["split"] == "held_out" and r["fits"]
-            and costs_stacks.efficiencies(r["stack"], published_generation(r))[1] == r["stack"]
+            and stacks.efficiencies(r["stack"], published_generation(r))[1] == r["stack"]
             and published_generation(r) == generation]
     own = [abs(r["error_pct"]) for r in held if r["stack"] == stack]
-    if costs_stacks.calibrated(stack, generation) and own:
+    if stacks.calibrated(stack, generation) and own:
         return max(own), f"worst held-out error of {stack} on {generation} ({len(own)} published rows)"
     if not held:
         return float("nan"), f"no published {generation} row is held out: the error is unknown"
@@ -162,6 +162,4 @@ def error_band(stack: str, generation: str) -> tuple[float, str]:
 
 
 def published_generation(result: dict) -> str:
-    from shardlab.costs.hardware import by_name
-
     return by_name(result["accelerator"])["generation"]

@@ -25,10 +25,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
-
-import yaml
 
 from shardlab.costs import comparison, hardware, stacks
 from shardlab.costs.plan import Cluster, Plan, Workload

@@ -23,10 +23,12 @@ with gloo) nothing hides:
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from shardlab.costs import nccl, sharded_states
-from shardlab.costs.comm_volume import (Call, cp_calls, ep_calls, gradient_bytes, parameter_bytes, pipeline_calls,
-                                        sharded_per_micro_batch, step_sync_calls, tp_calls)
+from shardlab.costs.comm_volume import (CP_RING_PASSES_PER_LAYER, Call, cp_calls, ep_calls, gradient_bytes,
+                                        parameter_bytes, pipeline_calls, sharded_per_micro_batch, step_sync_calls,
+                                        tp_calls)
 from shardlab.costs.hardware import peak_flops
 from shardlab.costs.nccl import Span
 from shardlab.costs.plan import Plan, Workload
@@ -110,11 +112,18 @@ def attention_rate(device: dict, plan: Plan, workload: Workload, peak: float, ge
     return peak * device["flash_attention"] * keys / (keys + device.get("flash_attention_half_keys", 0.0))
 
 
-def layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> tuple[float, float, float]:
-    """(forward, backward, GEMM) seconds of one layer for one micro-batch on one rank; backward
-    includes what recompute runs again. GEMM: the layer's matrix products, all passes (what
-    overlapped TP collectives hide behind). Memoised in the device's figures: a search times the same
-    layer under many shardings and pipelines."""
+class LayerTimes(NamedTuple):
+    """Seconds of one layer for one micro-batch on one rank."""
+
+    forward: float
+    backward: float  # with what recompute runs again
+    gemm: float  # the matrix products of all passes: what overlapped TP collectives hide behind
+    attention: float  # the attention core's forward: what one pass of ring attention's K/V hops hides behind
+
+
+def layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> LayerTimes:
+    """A layer's compute (`LayerTimes`), memoised in the device's figures: a search times the same layer
+    under many shardings and pipelines."""
     memo = device.setdefault("_layer_compute", {})
     key = (model, workload, plan.micro_batch, plan.tp, plan.cp, plan.ep, plan.sp, plan.sp_gathered_inputs,
            plan.activation_precision, plan.attention, plan.recompute, plan.dtype)
@@ -123,7 +132,7 @@ def layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: dic
     return memo[key]
 
 
-def _layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> tuple[float, float, float]:
+def _layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> LayerTimes:
     peak = peak_flops(device, plan.dtype)
     tokens = plan.micro_batch * workload.seq_len / plan.cp
     hbm = device["hbm_tbps"] * 1e12 * device["hbm"]
@@ -135,11 +144,11 @@ def _layer_compute(model: ModelShape, plan: Plan, workload: Workload, device: di
     # to what a layer stores: a third of the passes in forward, two thirds in backward.
     stored = sum(activation_layer_parts(model, plan, workload, recompute="none").values())
     elementwise = stored * device["elementwise_passes"] / hbm
-    again = {"none": 0.0, "selective": core, "op": op_recomputed_share(model) * gemm + elementwise / 3,
-             "full": gemm + core + elementwise / 3}[plan.recompute]
-    forward = gemm + core + elementwise / 3
-    backward = 2 * gemm + 2 * core + 2 * elementwise / 3 + again
-    return forward, backward, 3 * gemm + (again if plan.recompute == "full" else 0.0)
+    gemm_again = {"op": op_recomputed_share(model), "full": 1.0}.get(plan.recompute, 0.0) * gemm
+    again = gemm_again + {"selective": core, "full": core}.get(plan.recompute, 0.0) + (
+        elementwise / 3 if plan.recompute in ("op", "full") else 0.0)
+    return LayerTimes(forward=gemm + core + elementwise / 3, backward=2 * gemm + 2 * core + 2 * elementwise / 3 + again,
+                      gemm=3 * gemm + gemm_again, attention=core)
 
 
 def head_compute(model: ModelShape, plan: Plan, workload: Workload, device: dict) -> float:
@@ -202,10 +211,10 @@ def zero_per_micro_batch(model: ModelShape, plan: Plan, device: dict, spans_: di
     g_back = g if plan.zero == 3 else 0.0
     if plan.zero == 3 and plan.recompute == "full" and device.get("regather_for_recompute"):
         g_back *= 2
-    edges = 0.0
+    edges = 0.0  # the embedding and the head: gathered as the layers are, reduced once
     if edge_params:
-        edges = (nccl.seconds(device, "all_gather", edge_params * parameter_bytes(plan), span, efficiency)
-                 * (1 + (plan.zero == 3)) if g else 0.0)
+        passes = (g > 0) + (g_back > 0)
+        edges = passes * nccl.seconds(device, "all_gather", edge_params * parameter_bytes(plan), span, efficiency)
         edges += nccl.seconds(device, "reduce_scatter", edge_params * gradient_bytes(plan), span, efficiency)
     if not device["comm_overlaps_compute"]:
         return layers * (g + g_back + rs) + edges
@@ -220,31 +229,27 @@ def stage_times(model: ModelShape, plan: Plan, workload: Workload, device: dict,
     forward and backward compute of the micro-batch (keys `_forward`, `_backward`) the step's
     once-per-step communication can hide behind."""
     layers, embedding, head = pipeline_ranks(model.num_layers, plan.pp, plan.virtual_stages)[rank]
-    forward, backward, gemm = layer_compute(model, plan, workload, device)
-    compute = layers * (forward + backward) + (head_compute(model, plan, workload, device) if head else 0.0)
+    layer = layer_compute(model, plan, workload, device)
+    compute = layers * (layer.forward + layer.backward) + (head_compute(model, plan, workload, device) if head else 0.0)
     spans_ = spans(plan, device)
     overlaps = device["comm_overlaps_compute"]
 
     tp = calls_s(device, tp_calls(model, plan, workload, layers), spans_["tp"])
     if plan.tp_overlap and overlaps:
-        tp = max(0.0, tp - layers * gemm)
-    ring = calls_s(device, cp_calls(model, plan, workload, layers), spans_["cp"])
-    peak = peak_flops(device, plan.dtype)
-    core = attention_core_flops(model, plan, workload) / attention_rate(device, plan, workload, peak, peak * device["gemm"])
+        tp = max(0.0, tp - layers * layer.gemm)
+    cp = calls_s(device, cp_calls(model, plan, workload, layers), spans_["cp"])
     if overlaps and device.get("cp_overlap", True):  # K/V hops behind the blocks' attention, fwd + bwd
-        cp = max(0.0, ring - 3 * layers * core)
-    else:
-        cp = ring
+        cp = max(0.0, cp - CP_RING_PASSES_PER_LAYER * layers * layer.attention)
     ep = calls_s(device, ep_calls(model, plan, workload, layers), spans_["ep"])
     dense, experts = rank_parameters(model, plan, rank)
     layer_dense, layer_experts = layer_parameters_on_rank(model, plan.tp, plan.ep)
     edge = max(0.0, dense + experts - layers * (layer_dense + layer_experts))
-    zero = zero_per_micro_batch(model, plan, device, spans_, layers, edge, forward, backward)
+    zero = zero_per_micro_batch(model, plan, device, spans_, layers, edge, layer.forward, layer.backward)
     p2p = calls_s(device, pipeline_calls(model, plan, workload), spans_["pp"])
     if device.get("p2p_overlap") and plan.schedule == "interleaved" and overlaps:
         p2p = 0.0
     return {"compute": compute, "tp_comm": tp, "cp_comm": cp, "ep_comm": ep, "zero_comm": zero, "pp_p2p": p2p,
-            "_forward": layers * forward, "_backward": layers * backward}
+            "_forward": layers * layer.forward, "_backward": layers * layer.backward}
 
 
 def gradient_sync_s(model: ModelShape, plan: Plan, device: dict, rank: int, forward_s: float, backward_s: float) -> float:
