@@ -227,3 +227,30 @@ def test_zero3_holds_what_each_framework_gathers():
     tiny = ModelShape(512, 64, 2, 4, 256)  # a model smaller than the limit: both hold two blocks
     assert zero3_gathered_parameters(tiny, Plan(dp=2, zero=3, framework="deepspeed"), tiny.layer_parameters()) == \
         ZERO3_PREFETCH_LAYERS * tiny.layer_parameters()
+
+
+def test_eager_attention_under_context_parallelism_scores_its_queries_against_every_key():
+    """Half the queries per rank under cp=2, all the keys: the attention core's saved bytes halve (its Q, K, V
+    rows and its score rows alike), where squaring the rank's share of the sequence would quarter the scores."""
+    model, workload = model_shape("pythia-1b"), Workload(8, 4096)
+    whole = rank_memory.activation_layer_parts(model, Plan(dp=8, attention="eager"), workload)["attention_core"]
+    half = rank_memory.activation_layer_parts(model, Plan(dp=4, cp=2, attention="eager"), workload)["attention_core"]
+    assert half == pytest.approx(whole / 2)
+
+
+def test_dropout_keeps_a_mask_byte_per_hidden_value():
+    """Two hidden dropouts a layer (after attention and after the MLP), a one-byte mask per value each."""
+    model, plan = model_shape("pythia-1b"), Plan(dp=8)
+    plain, dropped = (rank_memory.activation_layer_bytes(model, plan, Workload(8, 2048, p)) for p in (0.0, 0.1))
+    assert dropped - plain == pytest.approx(2 * 2048 * 1 * model.hidden_size)
+    assert rejection(model, plan, Cluster(H100, 1), Workload(8, 2048, 1.0)).startswith("dropout:")
+
+
+@pytest.mark.parametrize("stack, plan, field", [
+    ("megatron-core", Plan(dp=8, framework="deepspeed", zero=3), "framework"),
+    ("fsdp", Plan(dp=8, framework="fsdp2", zero=3, recompute="selective"), "recompute"),
+    ("megatron-lm", Plan(dp=4, tp=2, tp_overlap=True, framework="megatron"), "tp_overlap"),
+])
+def test_a_stack_rejects_what_it_cannot_run_naming_the_field(stack, plan, field):
+    reason = rejection(model_shape("pythia-1b"), plan, Cluster(H100, 1), Workload(64, 2048), stack)
+    assert reason is not None and reason.startswith(f"{field}: {stack}"), reason

@@ -88,7 +88,8 @@ PRECISIONS = {"fp32": {"value_bytes": 4, "autocast": False, "norm_stats_bytes": 
 def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, split: str = "none",
                 value_bytes: int = 4, residual: str = "parallel", attention: str = "sdpa", dropout: bool = False,
                 recompute: str = "none", mask_bytes: int = 1, kv_heads: int | None = None, mlp: str = "gelu",
-                autocast: bool = False, norm_stats_bytes: int = 0, weight_copies: bool = True) -> dict[str, float]:
+                autocast: bool = False, norm_stats_bytes: int = 0, weight_copies: bool = True,
+                keys: int | None = None) -> dict[str, float]:
     """Bytes one transformer layer keeps for backward on one rank, by component (see the module docstring).
 
     split: one of SPLITS ('none', 'tensor', 'tensor_sequence', 'tensor_sequence_gathered');
@@ -100,7 +101,9 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     mlp: 'gelu' (GeLU input and output) | 'swiglu' (fused: gate and up outputs, their product);
     autocast: bf16 compute over fp32 weights (fp32 residual stream, bf16 weight copies);
     norm_stats_bytes: per LayerNorm statistic value (0: left out, as the paper does); weight_copies: False
-    leaves autocast's weight copies out (a pipeline rank keeps them once for all its micro-batches)."""
+    leaves autocast's weight copies out (a pipeline rank keeps them once for all its micro-batches); keys:
+    the keys each query attends to (default s; the whole sequence under context parallelism, where s is
+    the rank's share of the queries: eager attention's score matrix is (s/cp) x s per rank)."""
     _check(split, residual, attention, recompute, mlp)
     by = _Splitter(t if split != "none" else 1, split)
     sb, sbh, v = s * b, s * b * h, value_bytes
@@ -119,7 +122,7 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     # Q, K, V (the paper's count; under SDPA: the fused QKV output, see below; the ring kernel keeps fp32 copies)
     core = (4 if attention == "ring" else v) * sb * qkv_width
     if recompute == "none":
-        core += _attention_saved(s, b, h, a, v, attention, dropout, mask_bytes, kv_width)
+        core += _attention_saved(s, b, h, a, v, attention, dropout, mask_bytes, kv_width, keys or s)
     return {
         "layernorm": by.sp(inputs * residual_bytes * sbh + 2 * 2 * sb * norm_stats_bytes),
         "qkv": by.column_input(v * sbh) + by.tp(copy * h * qkv_width),
@@ -144,8 +147,9 @@ def _per_op_saved(by: _Splitter, sb: int, h: int, a: int, v: int, residual_bytes
 
 
 def _attention_saved(s: int, b: int, h: int, a: int, v: int, attention: str, dropout: bool,
-                     mask_bytes: int, kv_width: float) -> float:
-    """What the attention core saves beyond Q, K, V."""
+                     mask_bytes: int, kv_width: float, keys: int) -> float:
+    """What the attention core saves beyond Q, K, V (`keys`: the keys each of the s queries attends to, the
+    whole sequence where context parallelism splits the queries)."""
     if attention == "ring":
         # The hand-written blockwise kernel (context parallelism) saves float32 copies of Q, K, V, its float32
         # output and logsumexp per (head, token), in any dtype; no view of a fused QKV output stays alive.
@@ -156,7 +160,7 @@ def _attention_saved(s: int, b: int, h: int, a: int, v: int, attention: str, dro
         # V is a view of the fused QKV output (kept whole); rotary makes new Q and K; the output and a
         # float32 logsumexp per (head, token).
         return v * s * b * (h + kv_width) + v * s * b * h + 4 * a * s * b
-    scores = a * s * s * b
+    scores = a * s * keys * b
     return v * scores + ((mask_bytes + v) * scores if dropout else 0)  # softmax output; dropout mask, output
 
 

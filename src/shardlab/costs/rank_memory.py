@@ -112,18 +112,18 @@ def activation_layer_parts(model: ModelShape, plan: Plan, workload: Workload, re
     masks are stored where the workload's dropout is above zero."""
     return _layer_parts(model, workload.seq_len // plan.cp, plan.micro_batch, plan.tp, plan.activation_split,
                         plan.activation_precision, plan.attention, workload.dropout > 0, recompute or plan.recompute,
-                        weight_copies, model.num_experts // plan.ep)
+                        weight_copies, model.num_experts // plan.ep, workload.seq_len)
 
 
 @lru_cache(maxsize=65536)
 def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, stored: str, attention: str,
-                 dropout: bool, recompute: str, weight_copies: bool, local_experts: int) -> dict:
+                 dropout: bool, recompute: str, weight_copies: bool, local_experts: int, keys: int) -> dict:
     width = (model.expert_intermediate or model.intermediate_size) if model.num_experts else model.intermediate_size
     how = PRECISIONS[stored]
     parts = layer_bytes(s, b, model.hidden_size, model.num_heads, width, t=t, split=split, **how,
                         residual=model.residual, attention=attention,
                         dropout=dropout, recompute=recompute, kv_heads=model.kv_heads, mlp=model.mlp,
-                        weight_copies=weight_copies)
+                        weight_copies=weight_copies, keys=keys)
     if model.num_experts and recompute not in ("full", "op"):
         routed = routed_expert_bytes(model, s * b, t, how["value_bytes"], width)
         if how["autocast"] and weight_copies:  # autocast copies every local expert's weights, not one MLP's

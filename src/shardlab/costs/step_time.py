@@ -103,12 +103,13 @@ def gemm_seconds(device: dict, peak: float, gemms: list[tuple[float, float]], to
 
 def attention_rate(device: dict, plan: Plan, workload: Workload, peak: float, gemm_s: float) -> float:
     """FLOP/s of the attention core (counted whole, as model FLOPs count it): a fused kernel's own
-    achieved share of peak, halved at `flash_attention_half_keys` keys per call (a context-parallel
-    ring calls it on seq / cp keys at a time); else the GEMMs' rate (eager attention's batched
-    matrix products)."""
+    achieved share of peak, halved at `flash_attention_half_keys` keys per call; else the GEMMs' rate
+    (eager attention's batched matrix products). A context-parallel ring balances the causal work by
+    giving each rank two chunks of seq / (2 cp) tokens (Megatron-Core's and torchtitan's layout), so its
+    kernel calls see that many keys."""
     if plan.attention not in ("flash", "sdpa"):
         return gemm_s
-    keys = workload.seq_len / plan.cp
+    keys = workload.seq_len / (2 * plan.cp if plan.cp > 1 else 1)
     return peak * device["flash_attention"] * keys / (keys + device.get("flash_attention_half_keys", 0.0))
 
 

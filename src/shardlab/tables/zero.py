@@ -45,7 +45,7 @@ def memory_rows(summaries: list[dict], exp: dict, shape=None) -> list[dict]:
     for s in filter(_on_ladder, summaries):
         spec = REGISTRY[s["strategy"]]
         base = {"experiment": s["experiment"], "strategy": s["strategy"],
-                "framework": spec.plan_fields(1, spec.options(exp))["framework"], "status": s["status"],
+                "framework": spec.run_plan(exp, 1).framework, "status": s["status"],
                 "tokens_per_s": s.get("tokens_per_s"), "world_size": s.get("world_size")}
         if s["status"] != "ok" or shape is None:
             rows.append(dict(base, rank=None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from shardlab.costs import hardware
+from shardlab.costs.planner import what_if_item
 from shardlab.costs.shapes import model_shape
 from shardlab.costs.zero_tree import choose, cluster_of, ladder
 from shardlab.strategies.zero import deepspeed_ladder
@@ -35,14 +36,6 @@ def render(result: dict, name: str, accelerator: str, gpus: int, seq_len: int, m
     return "\n".join(lines)
 
 
-def what_if(text: str) -> tuple[str, float]:
-    key, _, factor = text.partition("=")
-    try:
-        return key.strip(), float(factor)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not figure=factor (e.g. hbm_gb=0.3)") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardlab plan-zero", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-memory-gb", type=float, default=None, help="per node, for offload (default: unlimited)")
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    parser.add_argument("--what-if", nargs="*", default=[], type=what_if, help="scale catalog figures, e.g. hbm_gb=0.3")
+    parser.add_argument("--what-if", nargs="*", default=[], type=what_if_item,
+                        help="scale catalog figures, e.g. hbm_gb=0.3")
     args = parser.parse_args(argv)
     for name, value in (("--gpus", args.gpus), ("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
         if value < 1:
