@@ -154,3 +154,18 @@ def test_the_composed_caption_says_which_goal_the_cost_model_misses():
     worst = worst.astype({"meets_goal": object})
     worst.loc[1, ["worst_abs_error_pct", "meets_goal"]] = [14.0, "False"]  # as a CSV may read back
     assert captions.composed_memory(worst).startswith("The cost model misses its goal for activations:")
+
+
+def test_the_published_caption_names_a_missed_source_a_configuration_that_does_not_fit_and_informed_rows():
+    by_source = pd.DataFrame([
+        {"source": "a", "held_out_rows": 5, "held_out_mean_abs_pct": 4.0, "held_out_worst_abs_pct": 9.0, "held_out_bias_pct": 1.0},
+        {"source": "b", "held_out_rows": 4, "held_out_mean_abs_pct": 12.0, "held_out_worst_abs_pct": 15.0, "held_out_bias_pct": -12.0},
+        {"source": "c", "held_out_rows": 2, "held_out_mean_abs_pct": 50.0, "held_out_worst_abs_pct": 60.0, "held_out_bias_pct": 50.0}])
+    rows = pd.DataFrame([{"row": "a[0]", "source": "a", "split": "held_out", "fits": True},
+                         {"row": "b[1]", "source": "b", "split": "held_out", "fits": False},
+                         {"row": "c[0]", "source": "c", "split": "informed", "fits": True}])
+    text = captions.planner_published(by_source, rows)
+    assert text.startswith("The planner misses its held-out goal on b") and "c 50" not in text  # c has 2 rows
+    assert "1 configurations that ran are predicted not to fit (b[1])" in text and "1 rows (c) are in-sample" in text
+    fine = captions.planner_published(by_source.iloc[:1], rows.iloc[:1])
+    assert fine.startswith("On every source with three or more held-out rows") and "no configuration" in fine
