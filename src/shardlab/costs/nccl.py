@@ -21,7 +21,7 @@ its fitted alpha-beta model instead.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from shardlab.costs.collectives import bus_factor
@@ -34,7 +34,7 @@ class Span:
 
     ranks: int
     per_node: int
-    nodes: int = 0
+    nodes: int = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "nodes", -(-self.ranks // self.per_node))

@@ -67,16 +67,21 @@ def get(name: str | None) -> Stack:
     return stacks()[name]
 
 
-@lru_cache(maxsize=64)
 def efficiencies(name: str, generation: str) -> tuple[dict, str]:
     """(the factors `name` runs at on `generation`, the stack whose calibration they come from:
     `name` itself, or the stack it borrows from; "" where only the generation's prior applies)."""
+    factors, source = _efficiencies(name, generation)
+    return dict(factors), source
+
+
+@lru_cache(maxsize=64)
+def _efficiencies(name: str, generation: str) -> tuple[dict, str]:
     stack, prior = get(name), catalog()["prior"][generation]
     entry = stack.efficiencies.get(generation)
     if entry is None:
         return dict(prior), ""
     if "borrow" in entry:
-        return efficiencies(entry["borrow"], generation)
+        return _efficiencies(entry["borrow"], generation)
     own = {**prior, **entry}
     if stack.kernels_from:  # the kernel factors the stack does not set itself
         kernels, _ = efficiencies(stack.kernels_from, generation)
