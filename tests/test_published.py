@@ -104,15 +104,20 @@ def test_zero3_without_model_parallelism_falls_below_tp_x_pp_and_with_scale(mode
                                               **{**common, "micro_batch": 1}), "megatron-lm", global_batch)
         assert ds < tp_pp, (model, gpus, ds, tp_pp)
         zero3.append(ds)
-    assert zero3[1] < zero3[0], zero3
+    assert zero3[1] < 0.75 * zero3[0], zero3  # published: 144 -> 88 -> 44 TFLOP/s per GPU for 175B
 
 
-def test_the_same_zero3_hides_its_gathers_when_the_collectives_reach_nccl_s_bandwidth():
-    """The comparison can fail: with DeepSpeed's collectives at NCCL's own bus bandwidth (not the eighth its
-    2021 release reached, calibrated on one row) ZeRO-3 would look as fast as TP x PP at 1,536 GPUs."""
-    plan = Plan(dp=1536, zero=3, framework="deepspeed", micro_batch=1, recompute="full", dtype="fp16",
-                            attention="eager")
-    model, workload = model_shape("gpt3-175b"), Workload(1536, 2048, 0.1)
-    slow = evaluate(model, plan, Cluster(A100, 192), workload, "deepspeed")
-    fast = evaluate(model, plan, Cluster(A100, 192, overrides={"collective_efficiency": 1.0}), workload, "deepspeed")
-    assert fast.time["zero_comm"] < 0.2 * slow.time["zero_comm"] and math.isfinite(fast.step_s)
+def _zero3_per_gpu(gpus: int, overrides: dict) -> float:
+    plan = Plan(dp=gpus, zero=3, framework="deepspeed", micro_batch=1536 // gpus, recompute="full", dtype="fp16",
+                attention="eager")
+    p = evaluate(model_shape("gpt3-175b"), plan, Cluster(A100, gpus // 8, overrides=overrides),
+                 Workload(1536, 2048, 0.1), "deepspeed")
+    return p.tokens_per_s / gpus
+
+
+def test_the_scaling_check_fails_when_the_gathers_hide_behind_compute():
+    """With DeepSpeed's collectives at NCCL's own bus bandwidth (not the eighth its 2021 release reached)
+    the layers' gathers hide behind compute at both scales: throughput per GPU would not fall with the
+    data-parallel group, and the check above would fail."""
+    fast = {gpus: _zero3_per_gpu(gpus, {"collective_efficiency": 1.0}) for gpus in (768, 1536)}
+    assert fast[1536] > 0.75 * fast[768] and math.isfinite(fast[1536]), fast
