@@ -12,7 +12,6 @@ tests/test_cost_grid.py holds `costs.sharded_states` and `costs.activations` to 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from shardlab import cli
 from shardlab.costs.activations import PRECISIONS
 from shardlab.strategies import REGISTRY, Family
 from shardlab.costs.plan import Plan
@@ -39,10 +39,9 @@ GRID = {
 }
 DTYPES = ("fp32", "bf16")
 RUNGS = [name for name, spec in REGISTRY.items() if spec.family == Family.ZERO]
-# Hand-written TP (heads, MLP width and vocabulary must divide by the world size: of this grid, the
-# default shape). tp_sp fails in bf16 (its sequence-parallel
-# backward multiplies an autocast bf16 gradient by the fp32 weight), so it is measured in fp32 only.
-TP_SPLITS = {"tp": DTYPES, "tp_sp": ("fp32",)}
+# Hand-written TP, with and without sequence parallelism (heads, MLP width and vocabulary must divide by
+# the world size: of this grid, the default shape), in both dtypes.
+TP_SPLITS = {"tp": DTYPES, "tp_sp": DTYPES}
 SEQ_LEN, ROWS_PER_RANK = 32, 2
 
 
@@ -165,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from shardlab.core.topology import init_topology, shutdown
 
-    parser = argparse.ArgumentParser(prog="shardlab.bench.cost_grid", description=__doc__)
+    parser = cli.Parser(prog="shardlab.bench.cost_grid", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="JSON: one record per grid point and rank")
     parser.add_argument("--rungs", nargs="*", help="only these strategies (default: the whole grid)")
     args = parser.parse_args(argv)

@@ -34,7 +34,8 @@ grid of tests/test_cost_grid.py, transformers 5):
 - Sequence parallelism: the all-gathered inputs of the column-parallel layers are what the linear
   layers save. Our hand-written `tp_sp` saves only the sequence shard and re-gathers it in backward
   (as Megatron-LM does), so it follows the TP+SP formula; DTensor's SequenceParallel keeps the
-  gathered input whole (split 'tensor_sequence_gathered').
+  gathered input whole (split 'tensor_sequence_gathered'). Under autocast `tp_sp`'s column layers
+  (one autograd Function each) save that shard in the LayerNorm's float32 and no bf16 weight copy.
 """
 
 from __future__ import annotations
@@ -121,15 +122,19 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     qkv_width = h + 2 * kv_width
     # Q, K, V (the paper's count; under SDPA: the fused QKV output, see below; the ring kernel keeps fp32 copies)
     core = (4 if attention == "ring" else v) * sb * qkv_width
+    # SP that re-gathers in backward saves the column layers' input shard as the LayerNorm wrote it (fp32
+    # under autocast), inside one autograd Function: no bf16 copy of that input or of the layer's weight.
+    column_bytes, column_copy = (residual_bytes, 0) if split == "tensor_sequence" else (v, copy)
     if recompute == "none":
         core += _attention_saved(s, b, h, a, v, attention, dropout, mask_bytes, kv_width, keys or s)
     return {
         "layernorm": by.sp(inputs * residual_bytes * sbh + 2 * 2 * sb * norm_stats_bytes),
-        "qkv": by.column_input(v * sbh) + by.tp(copy * h * qkv_width),
+        "qkv": by.column_input(column_bytes * sbh) + by.tp(column_copy * h * qkv_width),
         "attention_core": by.tp(core),
         "attention_projection": by.tp(v * sbh + copy * h * h),
         "dropout": by.sp(2 * mask_bytes * sbh) if dropout else 0.0,
-        "mlp": by.column_input(v * sbh) + by.tp(wide * v * sb * intermediate + copy * wide * h * intermediate),
+        "mlp": by.column_input(column_bytes * sbh) + by.tp(wide * v * sb * intermediate
+                                                          + (column_copy * (wide - 1) + copy) * h * intermediate),
         "residual": 0.0,
     }
 
@@ -196,8 +201,8 @@ def korthikanti_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str 
 
 
 def korthikanti_total(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none") -> float:
-    """The closed forms of paper.md (2-byte activations): sbh(34 + 5as/h), sbh(10 + 24/t + 5as/(ht)),
-    sbh/t (34 + 5as/h)."""
+    """The closed forms of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+    Models", section 4; 2-byte activations): sbh(34 + 5as/h), sbh(10 + 24/t + 5as/(ht)), sbh/t (34 + 5as/h)."""
     sbh = s * b * h
     if mode == "none":
         return sbh * (34 + 5 * a * s / h)
