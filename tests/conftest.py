@@ -1,12 +1,15 @@
 """Fixtures: a tiny model and token file built once per session, and real `torchrun` launches of
-TEST_EXPERIMENT (`helpers.launch_test_run`), once per test or once per session."""
+TEST_EXPERIMENT (`helpers.launch_test_run`), once per test or once per session; and the fast tier's
+guard: a test not marked `torchrun`, `e2e` or `slurm` fails if it starts a process group."""
 
 from __future__ import annotations
 
 import copy
 import json
+import subprocess
 
 import pytest
+import torch.distributed as dist
 
 from helpers import TEST_EXPERIMENT, launch_test_run
 
@@ -64,3 +67,34 @@ def reference_losses(run_once):
     summary, steps = run_once("single")
     assert summary["status"] == "ok", summary["reason"]
     return [s["loss"] for s in steps]
+
+
+# What a fast-tier test must not start: torchrun (directly, through the study's agent, or through a
+# `shardlab` command that launches one) or a process group in the test process itself.
+LAUNCHES = ("torch.distributed.run", "torchrun", "shardlab.runner.agent")
+LAUNCHING_COMMANDS = ("launch", "pretrain", "bench-comm", "bench-inference", "parity-sensitivity")
+SLOW_TIERS = ("torchrun", "e2e", "slurm")
+
+
+def starts_torchrun(args) -> bool:
+    words = args.split() if isinstance(args, str) else [str(a) for a in args]
+    shardlab_command = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "shardlab"), None)
+    return any(w.endswith(LAUNCHES) for w in words) or shardlab_command in LAUNCHING_COMMANDS
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_starts_no_process_group(request, monkeypatch):
+    if any(request.node.get_closest_marker(tier) for tier in SLOW_TIERS):
+        return
+    where = f"{request.node.nodeid} is in the fast tier (not marked {' / '.join(SLOW_TIERS)}) but"
+    popen_init = subprocess.Popen.__init__
+
+    def guarded_popen(self, args, *rest, **kwargs):
+        assert not starts_torchrun(args), f"{where} starts {args}"
+        popen_init(self, args, *rest, **kwargs)
+
+    def no_process_group(*args, **kwargs):
+        raise AssertionError(f"{where} initialises a process group")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_popen)
+    monkeypatch.setattr(dist, "init_process_group", no_process_group)

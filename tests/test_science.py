@@ -357,6 +357,7 @@ def _weights(model_dir: Path) -> dict:
 
 
 @pytest.mark.parity
+@pytest.mark.torchrun
 def test_saved_models_match_the_single_device_run_and_evaluate(run_strategy, tiny_assets, tmp_path):
     """training.save_model: every strategy's gathered weights equal the reference's after training, under the
     Hugging Face names: data parallel, FSDP2 shards, TP shards, pipeline stages, and TP shards inside stages."""

@@ -226,6 +226,7 @@ def _first_step_loss(model_dir, tokens, exp) -> float:
         return float(causal_lm_loss(load_model(model_dir)(input_ids=inputs).logits, labels))
 
 
+@pytest.mark.torchrun
 def test_fine_tuning_starts_from_the_pretrained_weights(tmp_path):
     """Pretrain a small base model with the real rule's code, fine-tune it with the runner, and check
     the fine-tuning's first loss is the pretrained model's loss on that batch, not the initial model's

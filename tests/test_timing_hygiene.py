@@ -93,6 +93,7 @@ def one_rank_gloo():
         dist.destroy_process_group()
 
 
+@pytest.mark.torchrun
 @pytest.mark.parametrize("warmup_steps", [1, 3])
 @pytest.mark.parametrize("strategy_name", ["pp_gpipe", "pp_1f1b"])
 def test_pipeline_timed_steps_run_uninstrumented(strategy_name, warmup_steps, one_rank_gloo, monkeypatch):
@@ -100,11 +101,11 @@ def test_pipeline_timed_steps_run_uninstrumented(strategy_name, warmup_steps, on
 
     from shardlab.core.model import tiny_neox_config
     from shardlab.strategies import get_spec
-    from shardlab.strategies.pipeline_parallel import measure
+    from shardlab.strategies.pipeline_parallel import probe
 
     hooks_on = []  # True while the live-saved-bytes hooks are installed
 
-    class SpyLiveSavedBytes(measure.LiveSavedBytes):
+    class SpyLiveSavedBytes(probe.LiveSavedBytes):
         def __enter__(self):
             hooks_on.append(True)
             return super().__enter__()
@@ -113,7 +114,7 @@ def test_pipeline_timed_steps_run_uninstrumented(strategy_name, warmup_steps, on
             hooks_on.pop()
             return super().__exit__(*exc)
 
-    monkeypatch.setattr(measure, "LiveSavedBytes", SpyLiveSavedBytes)
+    monkeypatch.setattr(probe, "LiveSavedBytes", SpyLiveSavedBytes)
     training = dict(TEST_EXPERIMENT["training"], steps=6, warmup_steps=warmup_steps, eval_every=2)
     torch.manual_seed(0)
     model = GPTNeoXForCausalLM(tiny_neox_config(TEST_EXPERIMENT["model"]))
@@ -140,7 +141,7 @@ def test_pipeline_timed_steps_run_uninstrumented(strategy_name, warmup_steps, on
     assert calls[0] == (False, False)  # step 0: the loop's ActivationProbe, whose hooks must not be shadowed
     # The bubble and memory measurements still exist, taken on untimed steps only.
     steps = measured["pp_instrumented_steps"]
-    assert measured["pp_measured_steps"] == len(steps) == measure.MEASURED_STEPS
+    assert measured["pp_measured_steps"] == len(steps) == probe.MEASURED_STEPS
     assert all(step not in timed for step in steps), steps
     assert all(calls[step] == (True, True) for step in steps), calls
     assert len(calls) == max(steps) + 1  # extra steps (and the bare step that re-sets up after the last eval)
