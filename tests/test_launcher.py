@@ -52,7 +52,7 @@ def test_sigterm_to_the_launcher_stops_the_whole_run(tiny_assets, tmp_path):
     exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"training": {"fault_injection": "hang"}})
     (tmp_path / "exp.json").write_text(json.dumps(exp))
     out = tmp_path / "runs" / "dp_naive"
-    launcher = subprocess.Popen([sys.executable, "-m", "shardlab.runner.launch", "--experiment-config",
+    launcher = subprocess.Popen([sys.executable, "-m", "shardlab", "launch", "--experiment-config",
                                  str(tmp_path / "exp.json"), "--strategy", "dp_naive", "--model-dir", str(model_dir),
                                  "--tokens", str(tokens), "--out", str(out)], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

@@ -17,7 +17,7 @@ from shardlab.config import deep_merge
 from shardlab.costs.bubble import theory_bubble_ratio, theory_idle_fraction
 from shardlab.errors import ConfigError
 from shardlab.strategies import get_spec
-from shardlab.strategies.pipeline_parallel.measure import LiveSavedBytes
+from shardlab.strategies.pipeline_parallel.probe import LiveSavedBytes
 from shardlab.costs.shapes import stage_units
 from shardlab.strategies.pipeline_parallel.stages import NeoXStage
 from shardlab.tables import TableInputs

@@ -188,7 +188,7 @@ def test_tp_inference_matches_single_device_with_half_the_cache(tiny_assets, tmp
     exp_path = tmp_path / "exp.json"
     exp_path.write_text(json.dumps(TEST_EXPERIMENT))
     out = tmp_path / "tp_inference.csv"
-    cmd = [sys.executable, "-m", "shardlab.bench.inference", "--experiment-config", str(exp_path), "--model-dir",
+    cmd = [sys.executable, "-m", "shardlab", "bench-inference", "--experiment-config", str(exp_path), "--model-dir",
            str(tiny_assets[0]), "--out", str(out), "--batch", "2", "--new-tokens", "8", "--repeats", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

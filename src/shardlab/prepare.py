@@ -6,23 +6,24 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import shardlab.science.formats  # noqa: F401  (registers the science text formats)
+from shardlab import cli
 from shardlab.core.data import prepare_corpus
 from shardlab.core.model import ModelUnavailable, prepare_model
 from shardlab.errors import ConfigError
 
+MODEL_JSON = "the experiment's `model` settings as JSON"
+
 
 def model_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab prepare-model", description="Build or download a model.")
-    parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
+    parser = cli.Parser(prog="shardlab prepare-model", description="Build or download a model.")
+    parser.add_argument("--model-json", required=True, type=cli.json_value, help=MODEL_JSON)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    model_cfg = json.loads(args.model_json)
+    model_cfg = args.model_json
     try:
         prepare_model(model_cfg, args.out)
     except ModelUnavailable as err:
@@ -33,17 +34,18 @@ def model_main(argv: list[str] | None = None) -> int:
 
 
 def data_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab prepare-data", description="Tokenize a corpus for a model.")
-    parser.add_argument("--data-json", required=True, help="the experiment's `data` settings as JSON")
-    parser.add_argument("--model-json", required=True, help="the experiment's `model` settings as JSON")
-    parser.add_argument("--model-dir", type=Path, required=True)
+    parser = cli.Parser(prog="shardlab prepare-data", description="Tokenize a corpus for a model.")
+    parser.add_argument("--data-json", required=True, type=cli.json_value, help="the experiment's `data` settings as JSON")
+    parser.add_argument("--model-json", required=True, type=cli.json_value, help=MODEL_JSON)
+    parser.add_argument("--model-dir", type=cli.existing_dir, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--base-dir", type=Path, default=Path("."), help="what a relative data path is relative to")
+    parser.add_argument("--base-dir", type=cli.existing_dir, default=Path("."),
+                        help="what a relative data path is relative to")
     args = parser.parse_args(argv)
-    data = json.loads(args.data_json)
+    data = dict(args.data_json)
     data["path"] = str(args.base_dir / data["path"])  # an absolute path stays as it is
     try:
-        meta = prepare_corpus(data, json.loads(args.model_json), args.model_dir, args.out)
+        meta = prepare_corpus(data, args.model_json, args.model_dir, args.out)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -16,7 +16,6 @@ the run's reason: nothing downstream can fine-tune without it.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import random
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardlab import cli
 from shardlab.core.data import encode_documents, fit_tokenizer, read_documents
 from shardlab.core.model import architecture, build_local_model, padded_vocab_size
 from shardlab.science import tokenization
@@ -124,14 +124,16 @@ def pretrain(settings: dict, out: Path, base_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab pretrain", description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", required=True, help="JSON: {model, experiment, corpora} (shardlab.study.pretrain_settings)")
+    parser = cli.Parser(prog="shardlab pretrain", description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", required=True, type=cli.json_value,
+                        help="JSON: {model, experiment, corpora} (shardlab.study.pretrain_settings)")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--base-dir", type=Path, default=Path("."), help="what the corpora's paths are relative to")
+    parser.add_argument("--base-dir", type=cli.existing_dir, default=Path("."),
+                        help="what the corpora's paths are relative to")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        record = pretrain(json.loads(args.settings), args.out, args.base_dir)
+        record = pretrain(args.settings, args.out, args.base_dir)
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

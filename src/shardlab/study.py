@@ -8,7 +8,6 @@ settings checks), the strategy registry (names, options, batch splits) and the t
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from shardlab.science.formats import FORMATS as SCIENCE_FORMATS  # importing registers the text formats
+from shardlab import cli
 from shardlab.config import check_settings, load_schema, resolve_experiment, run_layout, validate_against_schema
 from shardlab.core.data import TEXT_FORMATS
 from shardlab.errors import ConfigError
@@ -272,9 +272,9 @@ def load_study_file(path: Path | str, base_dir: Path | str = ".") -> Study:
 
 def check_main(argv: list[str] | None = None) -> int:
     """`python -m shardlab check-config CONFIG`: validate a config file without running anything."""
-    parser = argparse.ArgumentParser(prog="shardlab check-config")
-    parser.add_argument("config", type=Path)
-    parser.add_argument("--base-dir", type=Path, default=Path("."), help="where data paths are relative to")
+    parser = cli.Parser(prog="shardlab check-config", description=check_main.__doc__)
+    parser.add_argument("config", type=cli.existing_file)
+    parser.add_argument("--base-dir", type=cli.existing_dir, default=Path("."), help="where data paths are relative to")
     args = parser.parse_args(argv)
     try:
         study = load_study_file(args.config, args.base_dir)
@@ -288,12 +288,11 @@ def check_main(argv: list[str] | None = None) -> int:
 
 
 def write_settings_main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.study SETTINGS_JSON OUT`: save one experiment's resolved settings (workflow)."""
-    settings, out = argv if argv is not None else sys.argv[1:]
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(json.loads(settings), indent=2, sort_keys=True))
+    """`python -m shardlab write-settings SETTINGS_JSON OUT`: save one experiment's resolved settings."""
+    parser = cli.Parser(prog="shardlab write-settings", description=write_settings_main.__doc__)
+    parser.add_argument("settings", type=cli.json_value, help="the experiment's resolved settings (JSON)")
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(args.settings, indent=2, sort_keys=True))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(write_settings_main())

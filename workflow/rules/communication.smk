@@ -25,7 +25,7 @@ rule comm_bench:
     params:
         settings=json.dumps(config.get("comm_bench", {}), sort_keys=True),
     shell:
-        "python -m shardlab.bench.comm --settings {params.settings:q}"
+        "python -m shardlab bench-comm --settings {params.settings:q}"
         " --bench-out {output.bench} --fit-out {output.fit} > {log} 2>&1"
 
 

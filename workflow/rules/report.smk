@@ -22,5 +22,5 @@ rule render_report:
         out=lambda w, output: os.path.dirname(output[0]),
         title=config.get("report", {}).get("title", "shardlab study report"),
     shell:
-        "python -m shardlab.reporting.render --qmd {input.qmd} --out-dir {params.out}"
+        "python -m shardlab render-report --qmd {input.qmd} --out-dir {params.out}"
         " --title {params.title:q} {input.tables} 2>&1 | tee {log}"

@@ -14,7 +14,7 @@ rule experiment_settings:
         # A change to an experiment's settings changes this param and reruns only that experiment.
         settings=lambda w: json.dumps(EXPERIMENTS[w.exp], sort_keys=True),
     shell:
-        "python -m shardlab.study {params.settings:q} {output} > {log} 2>&1"
+        "python -m shardlab write-settings {params.settings:q} {output} > {log} 2>&1"
 
 
 rule run_strategy:
@@ -45,7 +45,7 @@ rule run_strategy:
         out=lambda w: run_dir(w.exp, w.strategy),
     # tee -i: a Ctrl-C reaches tee too, and the launcher's record of the interrupt must still be logged.
     shell:
-        "python -m shardlab.runner.launch --experiment-config {input.settings} --strategy {wildcards.strategy}"
+        "python -m shardlab launch --experiment-config {input.settings} --strategy {wildcards.strategy}"
         " --model-dir {params.model_dir} --tokens {input.tokens} --out {params.out} 2>&1 | tee -i {log}"
 
 
@@ -71,4 +71,4 @@ rule share_reference:
         source=lambda w, input: os.path.dirname(input.summary),
         out=lambda w, output: os.path.dirname(output.summary),
     shell:
-        "python -m shardlab.runner.launch share {params.source} {params.out} {wildcards.exp} > {log} 2>&1"
+        "python -m shardlab share-run {params.source} {params.out} {wildcards.exp} > {log} 2>&1"

@@ -66,7 +66,7 @@ if SENSITIVITY:
             dtypes=",".join(SENSITIVITY["dtypes"]),
             timeout=SENSITIVITY["timeout_s"],
         shell:
-            "python -m shardlab.bench.parity_sensitivity --experiment-config {input.settings}"
+            "python -m shardlab parity-sensitivity --experiment-config {input.settings}"
             " --model-dir {params.model_dir} --tokens {input.tokens} --dtypes {params.dtypes}"
             " --timeout-s {params.timeout} --out {output} > {log} 2>&1"
 

@@ -80,7 +80,7 @@ rule science_splits:
         out=lambda w: f"{RESULTS}/{w.exp}/splits",
         base=workflow.basedir,
     shell:
-        "python -m shardlab.core.splits --config {input.settings} --out {params.out} --base-dir {params.base:q}"
+        "python -m shardlab save-splits --config {input.settings} --out {params.out} --base-dir {params.base:q}"
         " > {log} 2>&1"
 
 
@@ -107,7 +107,7 @@ rule science_evaluate:
         splits=lambda w: f"{RESULTS}/{w.exp}/splits",
         base_model=lambda w: model_dir(EXPERIMENTS[w.exp]["model"]["name"]),
     shell:
-        "python -m shardlab.science.evaluate --experiment-config {input.settings} --runs {params.runs}"
+        "python -m shardlab evaluate-science --experiment-config {input.settings} --runs {params.runs}"
         " --splits {params.splits} --base-model {params.base_model} --workers {threads} --out {output} > {log} 2>&1"
 
 

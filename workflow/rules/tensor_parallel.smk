@@ -57,7 +57,7 @@ rule tp_inference:
     params:
         model_dir=lambda w, input: os.path.dirname(input.model[0]),
     shell:
-        "python -m shardlab.bench.inference --experiment-config {input.settings[0]} --model-dir {params.model_dir}"
+        "python -m shardlab bench-inference --experiment-config {input.settings[0]} --model-dir {params.model_dir}"
         " --out {output} > {log} 2>&1"
 
 

@@ -1,6 +1,6 @@
 """Time each collective over a range of message sizes, nccl-tests style, under torchrun.
 
-    python -m shardlab.bench.comm --settings '{"max_bytes": 65536}' --bench-out comm_bench.csv --fit-out comm_fit.csv
+    python -m shardlab bench-comm --settings '{"max_bytes": 65536}' --bench-out comm_bench.csv --fit-out comm_fit.csv
 
 launches `torchrun ... -m shardlab.bench.comm worker ...` (one process per rank), which writes one
 row per (collective, size): the slowest rank's median time per call over `repeats` back-to-back calls
@@ -11,7 +11,6 @@ training run, a failed benchmark is recorded (status column), never a DAG failur
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from shardlab import cli
 from shardlab.costs.collectives import bus_factor
 from shardlab.config import load_schema, validate_against_schema
 
@@ -230,21 +230,21 @@ def run_benchmark(settings: dict, bench_out: Path, log_tail_lines: int = 20) -> 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "worker":
-        parser = argparse.ArgumentParser(prog="shardlab.bench.comm worker")
-        parser.add_argument("--settings", required=True, help="resolved comm_bench settings (JSON)")
+        parser = cli.Parser(prog="shardlab.bench.comm worker")
+        parser.add_argument("--settings", required=True, type=cli.json_value, help="resolved comm_bench settings (JSON)")
         parser.add_argument("--out", type=Path, required=True)
         args = parser.parse_args(argv[1:])
-        worker(json.loads(args.settings), args.out)
+        worker(args.settings, args.out)
         return 0
-    parser = argparse.ArgumentParser(prog="shardlab.bench.comm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", default="{}", help="the config's comm_bench block (JSON); defaults from the schema")
+    parser = cli.Parser(prog="shardlab bench-comm", description=__doc__)
+    parser.add_argument("--settings", type=cli.json_value, default={},
+                        help="the config's comm_bench block (JSON); defaults from the schema")
     parser.add_argument("--bench-out", type=Path, required=True)
     parser.add_argument("--fit-out", type=Path, required=True)
     args = parser.parse_args(argv)
     from shardlab.costs.alpha_beta import fit_table
 
-    settings = resolve_settings(json.loads(args.settings))
+    settings = resolve_settings(args.settings)
     bench = run_benchmark(settings, args.bench_out)
     fits = fit_table(bench)
     fits.to_csv(args.fit_out, index=False)

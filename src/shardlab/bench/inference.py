@@ -1,7 +1,7 @@
 """Tensor-parallel inference benchmark: greedy generation with a KV cache, single device vs the
 hand-written tensor-parallel strategy.
 
-    python -m shardlab.bench.inference --experiment-config results/E/experiment.json --model-dir M --out tp_inference.csv
+    python -m shardlab bench-inference --experiment-config results/E/experiment.json --model-dir M --out tp_inference.csv
 
 runs the single-device benchmark in this process, then the same generation under `torchrun` with the
 model wrapped by the benchmarked strategy (this module with `--worker`), and writes one row per
@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from shardlab import cli
 
 FIELDS = ["experiment", "model", "mode", "tp", "rank", "status", "reason", "batch", "prompt_len", "new_tokens",
           "tokens_per_s", "latency_s", "kv_cache_bytes", "param_bytes", "matches_single"]
@@ -119,17 +121,18 @@ def run_tp(args, tp: int) -> tuple[list | None, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="shardlab.bench.inference", description=__doc__)
-    parser.add_argument("--experiment-config", type=Path, required=True)
-    parser.add_argument("--model-dir", type=Path, required=True)
+    parser = cli.Parser(prog="shardlab bench-inference", description=__doc__)
+    parser.add_argument("--experiment-config", type=cli.existing_file, required=True)
+    parser.add_argument("--model-dir", type=cli.existing_dir, required=True)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--strategy", default=None, help="strategy to benchmark (default: benchmarked_strategy())")
-    parser.add_argument("--tp", type=int, default=None, help="TP degree (default: the experiment's launch.world_size)")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--timeout-s", type=int, default=600)
+    parser.add_argument("--tp", type=cli.count, default=None,
+                        help="TP degree (default: the experiment's launch.world_size)")
+    parser.add_argument("--batch", type=cli.count, default=4)
+    parser.add_argument("--prompt-len", type=cli.count, default=16)
+    parser.add_argument("--new-tokens", type=cli.count, default=32)
+    parser.add_argument("--repeats", type=cli.count, default=2)
+    parser.add_argument("--timeout-s", type=cli.count, default=600)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

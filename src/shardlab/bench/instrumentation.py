@@ -15,7 +15,6 @@ probe runs on the first (warm-up) step of a run only, never on a timed one, and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
+from shardlab import cli
 from shardlab.core.data import TokenBatches
 from shardlab.core.model import load_model
 from shardlab.core.step_stats import BOOTSTRAP_SAMPLES
@@ -69,7 +69,7 @@ def run_block(strategy, batches, step: int, steps: int, mode: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="shardlab.bench.instrumentation", description=__doc__)
+    parser = cli.Parser(prog="shardlab.bench.instrumentation", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True)
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--model-dir", type=Path, required=True)

@@ -1,7 +1,7 @@
 """How small an error the parity check catches: errors injected on purpose into correct strategies,
 each to be held against its reference by the rule of `tables.parity`, per dtype.
 
-    python -m shardlab.bench.parity_sensitivity --experiment-config results/E/experiment.json \
+    python -m shardlab parity-sensitivity --experiment-config results/E/experiment.json \
         --model-dir M --tokens T --out parity_sensitivity_losses.csv [--dtypes fp32,bf16]
 
 launches one `torchrun` job of 2 ranks (this module with `--worker`) that trains, for each dtype, on
@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from shardlab import cli
 
 
 WORLD = 2
@@ -187,15 +189,23 @@ def launch(args) -> tuple[dict | None, str]:
         return json.loads(out.read_text()), ""
 
 
+def dtype_list(text: str) -> list[str]:
+    """'fp32,bf16' -> ['fp32', 'bf16']: the dtypes the study trains in."""
+    values = text.split(",")
+    unknown = [v for v in values if v not in ("fp32", "bf16")]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a dtype the study trains in (fp32, bf16)")
+    return values
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="shardlab.bench.parity_sensitivity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--experiment-config", type=Path, required=True)
-    parser.add_argument("--model-dir", type=Path, required=True)
-    parser.add_argument("--tokens", type=Path, required=True)
-    parser.add_argument("--dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
+    parser = cli.Parser(prog="shardlab parity-sensitivity", description=__doc__)
+    parser.add_argument("--experiment-config", type=cli.existing_file, required=True)
+    parser.add_argument("--model-dir", type=cli.existing_dir, required=True)
+    parser.add_argument("--tokens", type=cli.existing_file, required=True)
+    parser.add_argument("--dtypes", type=cli.argument(dtype_list), default=["fp32", "bf16"], help="comma separated")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--timeout-s", type=int, default=900)
+    parser.add_argument("--timeout-s", type=cli.count, default=900)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Iterator
 
+from shardlab import cli
+
 PARTS = ("train", "validation", "test")
 
 
@@ -88,20 +90,15 @@ def write_splits(path: Path | str, split: dict, out_dir: Path | str, base_dir: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.core.splits --config exp.json --out DIR`: save an experiment's splits."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="shardlab.core.splits")
-    parser.add_argument("--config", type=Path, required=True, help="resolved experiment JSON")
+    """`python -m shardlab save-splits --config exp.json --out DIR`: save an experiment's splits."""
+    parser = cli.Parser(prog="shardlab save-splits", description=main.__doc__)
+    parser.add_argument("--config", type=cli.existing_file, required=True, help="resolved experiment JSON")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--base-dir", type=Path, default=Path("."), help="what a relative data.path is relative to")
+    parser.add_argument("--base-dir", type=cli.existing_dir, default=Path("."),
+                        help="what a relative data.path is relative to")
     args = parser.parse_args(argv)
     data = json.loads(args.config.read_text())["data"]
     manifest = write_splits(data["path"], data.get("split") or {}, args.out, base_dir=args.base_dir)
     counts = ", ".join(f"{p} {v['rows']}" for p, v in manifest["parts"].items())
     print(f"splits of {data['path']} (seed {manifest['seed']}): {counts} -> {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

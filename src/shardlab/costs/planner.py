@@ -14,9 +14,9 @@ above any published for that hardware generation and stack.
 
 evaluate prints a plan's memory by category and its step by component, with tokens/s, MFU, HFU
 (recomputed forward work counted) and TFLOP/s per GPU; it exits 1 with the reason (the field at
-fault first) when the plan cannot run or does not fit. A malformed field exits 2 (argparse's
-convention). search ranks the plans that fit and says why the others do not; it exits 1 when none
-fits. --what-if scales catalog figures, e.g. `--what-if network_gbps=2 hbm_gb=1.5`.
+fault first) when the plan cannot run or does not fit. A malformed field, or a flag of the other
+mode, exits 2 with one line naming it. search ranks the plans that fit and says why the others do
+not; it exits 1 when none fits. --what-if scales catalog figures, e.g. `--what-if network_gbps=2 hbm_gb=1.5`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from shardlab import cli
 from shardlab.costs import comparison, hardware, stacks
 from shardlab.costs.plan import Cluster, Plan, Workload
 from shardlab.costs.plan_fields import (TYPES, PlanFieldError, fields_help, parse_fields, parse_plan, parse_value,
@@ -73,15 +73,6 @@ def scenarios(planning: dict) -> list[Scenario]:
     return [scenario(entry, f"planning.scenarios[{i}]") for i, entry in enumerate(planning.get("scenarios", []))]
 
 
-def what_if_item(text: str) -> tuple[str, float]:
-    """'network_gbps=2' -> ('network_gbps', 2.0)."""
-    key, _, factor = text.partition("=")
-    try:
-        return key.strip(), float(factor)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not figure=factor (e.g. network_gbps=2)") from None
-
-
 def stack_name(name: str) -> str:
     try:
         return stacks.get(name).name
@@ -97,20 +88,20 @@ def accelerator(name: str) -> str:
     return name
 
 
-def argument(read):
-    """`read` as an argparse type: its error's message, not a traceback, and exit code 2."""
-    def parse(text: str):
-        try:
-            return read(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-    parse.__name__ = read.__name__
-    return parse
+def what_if_overrides(name: str, what_if: list[tuple[str, float]], parser: cli.Parser) -> dict:
+    """--what-if's scaled catalog figures of accelerator `name` (Cluster.overrides); exit 2 naming a figure
+    the catalog does not have."""
+    device = hardware.by_name(name)
+    figures = [k for k, v in device.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    unknown = [k for k, _ in what_if if k not in figures]
+    if unknown:
+        parser.error(f"--what-if: {', '.join(unknown)}: not a catalog figure of {name} ({', '.join(figures)})")
+    return {k: device[k] * factor for k, factor in what_if}
 
 
 def values_of(name: str):
     """An argparse type reading comma-separated values of plan field `name`: '1,2' -> (1, 2)."""
-    return argument(lambda text: tuple(parse_value(name, v) for v in text.split(",")))
+    return cli.argument(lambda text: tuple(parse_value(name, v) for v in text.split(",")))
 
 
 def stack_line(stack: str, cluster: Cluster) -> str:
@@ -175,37 +166,40 @@ def search_json(r: SearchResult) -> dict:
             "rejected": [{"reason": k, "plans": n, "example": r.examples[k]} for k, n in r.rejected.most_common()]}
 
 
-def parser() -> argparse.ArgumentParser:
-    out = argparse.ArgumentParser(prog="shardlab plan", description=__doc__, epilog=fields_help(),
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+SEARCH_FLAGS = ["--top", "--fix", "--no", "--cp", "--micro-batch", "--recompute", "--virtual-stages"]
+EVALUATE_FLAGS = ["--plan", "--plans"]
+
+
+def command_line() -> cli.Parser:
+    out = cli.Parser(prog="shardlab plan", description=__doc__, epilog=fields_help())
     out.add_argument("mode", choices=["evaluate", "search"],
                      help="evaluate one plan (--plan) or a file of plans (--plans); search the plans of the cluster")
-    out.add_argument("--model", required=True, type=argument(model_shape),
+    out.add_argument("--model", required=True, type=cli.argument(model_shape),
                      help="a name of costs/models.yaml, or a Hugging Face config.json / YAML file of a shape")
     out.add_argument("--hardware", required=True, type=accelerator, help="accelerator name in costs/hardware.yaml")
-    out.add_argument("--nodes", type=int, required=True)
-    out.add_argument("--gpus-per-node", type=int, default=8)
+    out.add_argument("--nodes", type=cli.count, required=True)
+    out.add_argument("--gpus-per-node", type=cli.count, default=8)
     out.add_argument("--host-memory-gb", type=float, default=None, help="per node (default: unlimited)")
-    out.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
-    out.add_argument("--seq-len", type=int, required=True)
+    out.add_argument("--global-batch", type=cli.count, required=True, help="sequences per optimizer step")
+    out.add_argument("--seq-len", type=cli.count, required=True)
     out.add_argument("--dropout", type=float, default=0.0,
                      help="hidden dropout probability; above 0 every dropout keeps a mask (e.g. 0.1 as GPT-3 trained)")
-    out.add_argument("--stack", type=argument(stack_name), default=stacks.default(),
+    out.add_argument("--stack", type=cli.argument(stack_name), default=stacks.default(),
                      help=f"the software stack that runs the plan (default {stacks.default()}): "
                           + "; ".join(f"{s.name}: {s.description}" for s in stacks.stacks().values()))
-    out.add_argument("--what-if", nargs="*", default=[], type=what_if_item,
+    out.add_argument("--what-if", nargs="*", default=[], type=cli.what_if_item,
                      help="catalog figure=factor, e.g. network_gbps=2 hbm_gb=1.5")
     out.add_argument("--json", action="store_true")
-    one = out.add_argument_group("evaluate").add_mutually_exclusive_group()
-    one.add_argument("--plan", default=Plan(), type=argument(parse_plan),
+    one = out.add_argument_group("evaluate only").add_mutually_exclusive_group()
+    one.add_argument("--plan", default=None, type=cli.argument(parse_plan),
                      help="one plan's fields, e.g. dp=8,tp=2,sp=true,framework=mcore,zero=1 (the others at their defaults); "
                           "exit 1 if it cannot run or does not fit")
-    one.add_argument("--plans", type=Path, help="a CSV (a header of field names) or YAML (a list of mappings) "
-                                                "file of plans: one line each, its prediction or why it cannot run; "
-                                                "exit 0 once every row is evaluated")
-    narrow = out.add_argument_group("search")
-    narrow.add_argument("--top", type=int, default=10)
-    narrow.add_argument("--fix", default={}, type=argument(parse_fields),
+    one.add_argument("--plans", type=cli.existing_file,
+                     help="a CSV (a header of field names) or YAML (a list of mappings) file of plans: one line each, "
+                          "its prediction or why it cannot run; exit 0 once every row is evaluated")
+    narrow = out.add_argument_group("search only")
+    narrow.add_argument("--top", type=cli.count, default=10)
+    narrow.add_argument("--fix", default={}, type=cli.argument(parse_fields),
                         help="plan fields every candidate keeps, e.g. tp=8,pp=16 or attention=eager (any field "
                              f"but the facts of a run: {', '.join(sorted(set(TYPES) - FIXABLE))})")
     narrow.add_argument("--no", action="append", default=[], choices=TECHNIQUES, metavar="TECHNIQUE",
@@ -227,11 +221,11 @@ def search_space(args) -> Space:
     return space
 
 
-def run_search(args, model: ModelShape, cluster: Cluster, workload: Workload, cli: argparse.ArgumentParser) -> int:
+def run_search(args, model: ModelShape, cluster: Cluster, workload: Workload, parser: cli.Parser) -> int:
     try:
         space = search_space(args)
     except ValueError as err:
-        cli.error(f"--fix: {err}")
+        parser.error(f"--fix: {err}")
     result = search(model, cluster, workload, top=args.top, space=space, stack=args.stack)
     if not result.candidates:
         print(f"no candidate plan satisfies the constraints on {cluster.gpus} GPUs: the degrees must multiply to "
@@ -242,13 +236,13 @@ def run_search(args, model: ModelShape, cluster: Cluster, workload: Workload, cl
     return 0 if result.ranked else 1
 
 
-def run_evaluate(args, model: ModelShape, cluster: Cluster, workload: Workload, cli: argparse.ArgumentParser) -> int:
+def run_evaluate(args, model: ModelShape, cluster: Cluster, workload: Workload, parser: cli.Parser) -> int:
     if args.plans is None:
-        return evaluate_one(args.plan, model, cluster, workload, args.stack, args.json)
+        return evaluate_one(args.plan or Plan(), model, cluster, workload, args.stack, args.json)
     try:
         plans = read_plans(args.plans)
     except PlanFieldError as err:
-        cli.error(f"--plans {err}")
+        parser.error(f"--plans {err}")
     outcomes = [evaluate(model, plan, cluster, workload, args.stack) for plan in plans]
     print(json.dumps([outcome_json(*pair) for pair in zip(plans, outcomes)], indent=1) if args.json
           else render_outcomes(outcomes, plans))
@@ -270,13 +264,10 @@ def evaluate_one(plan: Plan, model: ModelShape, cluster: Cluster, workload: Work
 
 
 def main(argv: list[str] | None = None) -> int:
-    cli = parser()
-    args = cli.parse_args(argv)
-    cluster = Cluster(args.hardware, args.nodes, args.gpus_per_node, args.host_memory_gb)
-    try:
-        cluster = cluster.scaled(**dict(args.what_if))
-    except KeyError as err:
-        cli.error(f"--what-if: {err.args[0]!r} is not a catalog figure of {args.hardware} "
-                  f"({', '.join(k for k, v in cluster.device.items() if isinstance(v, (int, float)))})")
+    parser = command_line()
+    args = parser.parse_args(argv)
+    parser.refuse(args, SEARCH_FLAGS if args.mode == "evaluate" else EVALUATE_FLAGS, f"plan {args.mode}")
+    cluster = Cluster(args.hardware, args.nodes, args.gpus_per_node, args.host_memory_gb,
+                      what_if_overrides(args.hardware, args.what_if, parser))
     run = run_evaluate if args.mode == "evaluate" else run_search
-    return run(args, args.model, cluster, Workload(args.global_batch, args.seq_len, args.dropout), cli)
+    return run(args, args.model, cluster, Workload(args.global_batch, args.seq_len, args.dropout), parser)

@@ -8,11 +8,12 @@ callouts, tabsets) are not used by the report so both renderers give the same co
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import subprocess
 from pathlib import Path
+
+from shardlab import cli
 
 INCLUDE = re.compile(r"^\{\{<\s*include\s+(\S+)\s*>\}\}\s*$", re.MULTILINE)
 REQUIRES = re.compile(r"^<!--\s*requires:(.*?)-->", re.MULTILINE)
@@ -128,18 +129,13 @@ def render(qmd: Path, out_dir: Path, title: str, tables: set[str]) -> tuple[Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab.reporting.render", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--qmd", type=Path, default=Path("reports/report.qmd"))
+    parser = cli.Parser(prog="shardlab render-report", description=__doc__)
+    parser.add_argument("--qmd", type=cli.existing_file, default=Path("reports/report.qmd"))
     parser.add_argument("--out-dir", type=Path, default=Path("results/report"))
     parser.add_argument("--title", default="shardlab study report")
-    parser.add_argument("tables", type=Path, nargs="*", help="the tables this study made (default: all in ../tables)")
+    parser.add_argument("tables", type=cli.existing_file, nargs="*", help="the tables this study made (default: all in ../tables)")
     args = parser.parse_args(argv)
     tables = args.tables or list((args.out_dir / ".." / "tables").glob("*.csv"))
     html, renderer = render(args.qmd.resolve(), args.out_dir.resolve(), args.title, made_tables(tables))
     print(f"report rendered with {renderer} -> {html}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

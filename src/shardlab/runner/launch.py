@@ -8,7 +8,6 @@ rerun never deletes what an earlier attempt measured.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from shardlab import cli
 from shardlab.config import config_hash, run_layout
 from shardlab.core.model import SNAPSHOTS
 from shardlab.costs.shapes import ModelShape
@@ -199,20 +199,32 @@ def _has_nvidia_driver() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
+def share_main(argv: list[str] | None = None) -> int:
+    """`python -m shardlab share-run SOURCE OUT EXPERIMENT`: an experiment whose reference run is identical to
+    another's records that run instead of training it again."""
+    parser = cli.Parser(prog="shardlab share-run", description=share_main.__doc__)
+    parser.add_argument("source", type=cli.existing_dir, help="the run folder that trained it")
+    parser.add_argument("out", type=Path, help="this experiment's run folder")
+    parser.add_argument("experiment", help="this experiment's name")
+    args = parser.parse_args(argv)
+    share_reference(args.source, args.out, args.experiment)
+    console(f"[launch] {args.experiment}/single: shares the identical reference run {args.source}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "share":  # share SOURCE_RUN_DIR OUT_RUN_DIR EXPERIMENT
-        share_reference(Path(argv[1]), Path(argv[2]), argv[3])
-        console(f"[launch] {argv[3]}/single: shares the identical reference run {argv[1]}")
-        return 0
-    parser = argparse.ArgumentParser(prog="shardlab.runner.launch", description=__doc__)
-    parser.add_argument("--experiment-config", type=Path, required=True)
+    parser = cli.Parser(prog="shardlab launch", description=__doc__)
+    parser.add_argument("--experiment-config", type=cli.existing_file, required=True)
     parser.add_argument("--strategy", required=True)
-    parser.add_argument("--model-dir", type=Path, required=True)
-    parser.add_argument("--tokens", type=Path, required=True)
+    parser.add_argument("--model-dir", type=cli.existing_dir, required=True)
+    parser.add_argument("--tokens", type=cli.existing_file, required=True)
     parser.add_argument("--out", type=Path, required=True, help="results/<experiment>/runs/<strategy>")
     args = parser.parse_args(argv)
     exp = json.loads(args.experiment_config.read_text())
+    try:
+        get_spec(args.strategy)
+    except KeyError as err:
+        parser.error(f"--strategy: {err.args[0]}")
     try:
         summary = launch(exp, args.experiment_config, args.strategy, args.model_dir, args.tokens, args.out)
     except Interrupted as err:  # recorded in the attempt folder; the job itself must fail
@@ -220,7 +232,3 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + err.signum
     console(f"[launch] {exp['name']}/{args.strategy}: {summary['status']}")
     return 0  # a failed run is a result, not a DAG failure
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

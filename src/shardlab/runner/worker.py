@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from shardlab import cli
 from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
 from shardlab.core.step_stats import timed_steps
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="shardlab.runner.worker", description=__doc__)
+    parser = cli.Parser(prog="shardlab.runner.worker", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True, help="resolved experiment JSON")
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--model-dir", type=Path, required=True)

@@ -4,7 +4,7 @@ for every metric that is a mean over test rows, one more row per final model aga
 it was fine-tuned from (`compared_with` "base model": the paired difference over the same rows, what
 fine-tuning taught).
 
-    python -m shardlab.science.evaluate --experiment-config exp.json --runs DIR --splits DIR --out CSV [--base-model DIR] [--workers N]
+    python -m shardlab evaluate-science --experiment-config exp.json --runs DIR --splits DIR --out CSV [--base-model DIR] [--workers N]
 
 The scoring is in `domains` (one evaluation per domain), `measures` (the metric functions) and
 `language_model` (the model as scorer and sampler); this module runs it over an experiment's runs.
@@ -22,6 +22,7 @@ import json
 import time
 from pathlib import Path
 
+from shardlab import cli
 from shardlab.core.model import snapshots
 from shardlab.core.pool import ordered_map
 from shardlab.science.domains import DOMAIN_EVALUATORS, row as metric_row
@@ -171,17 +172,15 @@ def write_rows(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.science.evaluate --experiment-config exp.json --runs DIR --splits DIR --out CSV`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="shardlab.science.evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment-config", type=Path, required=True, help="resolved experiment JSON")
-    parser.add_argument("--runs", type=Path, required=True, help="results/<experiment>/runs")
-    parser.add_argument("--splits", type=Path, required=True, help="the experiment's saved splits")
+    """`python -m shardlab evaluate-science --experiment-config exp.json --runs DIR --splits DIR --out CSV`."""
+    parser = cli.Parser(prog="shardlab evaluate-science", description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment-config", type=cli.existing_file, required=True, help="resolved experiment JSON")
+    parser.add_argument("--runs", type=cli.existing_dir, required=True, help="results/<experiment>/runs")
+    parser.add_argument("--splits", type=cli.existing_dir, required=True, help="the experiment's saved splits")
     parser.add_argument("--base-model", type=Path, default=None,
                         help="the model the runs fine-tuned: scored as step 0 of every curve")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--workers", type=int, default=1, help="models scored at once, one process and thread each")
+    parser.add_argument("--workers", type=cli.count, default=1, help="models scored at once, one process and thread each")
     args = parser.parse_args(argv)
     _one_thread()
     exp = json.loads(args.experiment_config.read_text())
@@ -193,7 +192,3 @@ def main(argv: list[str] | None = None) -> int:
               f"[{r.get('low', float('nan')):.4g}, {r.get('high', float('nan')):.4g}] (baseline "
               f"{r['baseline']:.4g}: {r['baseline_name']}; beats it: {r.get('beats_baseline')})")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

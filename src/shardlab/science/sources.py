@@ -10,7 +10,10 @@ check the data set card and its licence first.
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
+
+from shardlab import cli
 
 
 def parse_columns(spec: str) -> dict[str, str]:
@@ -39,23 +42,23 @@ def export_rows(dataset, columns: dict[str, str], out: Path | str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab.science.sources --hub-id ID [--config NAME] --split train --columns A=a,B=b --out CSV`."""
-    import argparse
-
-    from datasets import load_dataset
-
-    parser = argparse.ArgumentParser(prog="shardlab.science.sources", description=__doc__.splitlines()[0])
+    """`python -m shardlab fetch-dataset --hub-id ID [--config NAME] --split train --columns A=a,B=b --out CSV`."""
+    parser = cli.Parser(prog="shardlab fetch-dataset", description=__doc__.splitlines()[0])
     parser.add_argument("--hub-id", required=True)
     parser.add_argument("--config", default=None, help="the data set's configuration name, if it has several")
     parser.add_argument("--split", default="train")
-    parser.add_argument("--columns", required=True, help="shipped column = hub column, comma separated")
+    parser.add_argument("--columns", required=True, type=cli.argument(parse_columns),
+                        help="shipped column = hub column, comma separated")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    dataset = load_dataset(args.hub_id, args.config, split=args.split)
-    n = export_rows(dataset, parse_columns(args.columns), args.out)
+    from datasets import load_dataset  # slow to import; only a download needs it
+
+    try:
+        dataset = load_dataset(args.hub_id, args.config, split=args.split)
+    except Exception as err:  # offline, unknown id, gated: the hub and fsspec raise many types for one cause
+        print(f"shardlab fetch-dataset: cannot download {args.hub_id} [{args.split}]: {type(err).__name__}: "
+              f"{' '.join(str(err).split())[:300]}", file=sys.stderr)
+        return 1
+    n = export_rows(dataset, args.columns, args.out)
     print(f"{args.hub_id} [{args.split}]: {n} rows -> {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

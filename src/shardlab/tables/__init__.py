@@ -14,13 +14,14 @@ results folder, and every table is written by `write_tables`.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from shardlab import cli
 
 TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "composed",
           "communication", "science", "verdicts", "planning", "predictions", "abstract")
@@ -40,14 +41,12 @@ class TableInputs:
 
     @classmethod
     def read(cls, summaries=(), metrics=(), experiments=(), models=(), tables=(), settings=None) -> TableInputs:
-        if metrics and len(metrics) != len(summaries):
-            raise ValueError(f"{len(metrics)} step logs for {len(summaries)} run summaries: give one per run, same order")
         runs = [json.loads(Path(p).read_text()) for p in summaries]
         for run, steps in zip(runs, metrics):
             run["step_log"] = [json.loads(line) for line in Path(steps).read_text().splitlines() if line.strip()]
         return cls(runs, {e["name"]: e for e in map(_read_json, experiments)},
                    {m["name"]: m for m in map(_read_json, models)},
-                   {Path(p).stem: pd.read_csv(p) for p in tables}, json.loads(settings or "{}"))
+                   {Path(p).stem: pd.read_csv(p) for p in tables}, settings or {})
 
     def experiment(self, summary: dict) -> dict:
         return self.experiments[summary["experiment"]]
@@ -82,19 +81,21 @@ def build(topic: str, inputs: TableInputs) -> dict[str, pd.DataFrame]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab tables", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.Parser(prog="shardlab tables", description=__doc__)
     parser.add_argument("topic", choices=TOPICS)
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("--summaries", type=Path, nargs="*", default=[], help="results/<exp>/runs/<strategy>/summary.json")
-    parser.add_argument("--metrics", type=Path, nargs="*", default=[], help="the runs' metrics.jsonl, same order")
-    parser.add_argument("--experiments", type=Path, nargs="*", default=[], help="results/<exp>/experiment.json")
-    parser.add_argument("--models", type=Path, nargs="*", default=[], help="resources/models/<name>/shardlab_model.json")
-    parser.add_argument("--tables", type=Path, nargs="*", default=[], help="other tables the topic reads (CSV)")
-    parser.add_argument("--settings", default=None, help="config blocks the topic reads, as JSON (e.g. planning)")
-    parser.add_argument("--workers", type=int, default=1, help="processes the topic may use (the rule's threads)")
+    parser.add_argument("--summaries", type=cli.existing_file, nargs="*", default=[], help="results/<exp>/runs/<strategy>/summary.json")
+    parser.add_argument("--metrics", type=cli.existing_file, nargs="*", default=[], help="the runs' metrics.jsonl, same order")
+    parser.add_argument("--experiments", type=cli.existing_file, nargs="*", default=[], help="results/<exp>/experiment.json")
+    parser.add_argument("--models", type=cli.existing_file, nargs="*", default=[], help="resources/models/<name>/shardlab_model.json")
+    parser.add_argument("--tables", type=cli.existing_file, nargs="*", default=[], help="other tables the topic reads (CSV)")
+    parser.add_argument("--settings", type=cli.json_value, default=None, help="config blocks the topic reads, as JSON (e.g. planning)")
+    parser.add_argument("--workers", type=cli.count, default=1, help="processes the topic may use (the rule's threads)")
     args = parser.parse_args(argv)
+    if args.metrics and len(args.metrics) != len(args.summaries):
+        parser.error(f"--metrics: {len(args.metrics)} step logs for {len(args.summaries)} run summaries "
+                     "(one per run, in the same order)")
     inputs = TableInputs.read(args.summaries, args.metrics, args.experiments, args.models, args.tables, args.settings)
-    inputs.workers = max(1, args.workers)
+    inputs.workers = args.workers
     write_tables(build(args.topic, inputs), args.out_dir)
     return 0

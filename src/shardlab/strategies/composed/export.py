@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import copy
 
+from shardlab import cli
 from shardlab.config import resolve_experiment
 from shardlab.costs.plan import Cluster, Plan, Workload
+from shardlab.costs.planner import accelerator
 from shardlab.costs.search import Space, divisors, search
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
@@ -133,29 +135,30 @@ def plan_search(config: dict, schema: dict) -> tuple[dict, dict]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m shardlab plan-export`: the plan-to-run loop by hand, for any experiment of a config and
     any catalog cluster; writes the experiment block (YAML) to paste under the config's `experiments:`."""
-    import argparse
     import sys
 
     import yaml
 
     from shardlab.config import load_schema, validate_against_schema
 
-    parser = argparse.ArgumentParser(prog="shardlab plan-export", description=main.__doc__)
-    parser.add_argument("--config", required=True, help="a study config (its experiment gives model and batch)")
+    parser = cli.Parser(prog="shardlab plan-export", description=main.__doc__)
+    parser.add_argument("--config", required=True, type=cli.existing_file, help="a study config (its experiment gives model and batch)")
     parser.add_argument("--experiment", required=True, help="the experiment whose model and training to plan for")
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--top", type=int, default=4)
+    parser.add_argument("--world-size", type=cli.count, required=True)
+    parser.add_argument("--top", type=cli.count, default=4)
     parser.add_argument("--all-layouts", action="store_true", help="keep several plans of one layout")
-    parser.add_argument("--hardware", default="CPU (calibrated)", help="accelerator name in costs/hardware.yaml")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the world size (one node)")
+    parser.add_argument("--hardware", default="CPU (calibrated)", type=accelerator, help="accelerator name in costs/hardware.yaml")
+    parser.add_argument("--gpus-per-node", type=cli.count, default=None, help="default: the world size (one node)")
     parser.add_argument("--name", default="plan_search", help="name of the experiment written")
     parser.add_argument("--out", default="-", help="file to write (default: standard output)")
     args = parser.parse_args(argv)
-    config, schema = yaml.safe_load(open(args.config)), load_schema()
+    config, schema = yaml.safe_load(args.config.read_text()), load_schema()
+    per_node = args.gpus_per_node or args.world_size
+    if args.world_size % per_node:
+        parser.error(f"--world-size: {args.world_size} devices are not whole nodes of --gpus-per-node {per_node}")
     try:
         validate_against_schema(config, schema)
         exp = resolve_experiment(config, args.experiment, schema)
-        per_node = args.gpus_per_node or args.world_size
         cluster = Cluster(args.hardware, args.world_size // per_node, per_node)
         found, where = search_runnable(exp, args.world_size, args.top, not args.all_layouts, cluster)
     except ConfigError as err:

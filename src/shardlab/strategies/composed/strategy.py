@@ -28,7 +28,7 @@ from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.comms import Ring
 from shardlab.strategies.context_parallel.strategy import ATTENTION_NAME, make_ring_attention_forward
 from shardlab.strategies.mesh import MeshDataParallel, all_reduce_gradients
-from shardlab.strategies.pipeline_parallel.measure import PipelineProbe
+from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
 from shardlab.strategies.pipeline_parallel.pipeline import GPipe
 from shardlab.strategies.pipeline_parallel.stages import NeoXStage
 from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox

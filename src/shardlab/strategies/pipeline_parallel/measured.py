@@ -1,9 +1,9 @@
 """The registered pipeline strategies: each schedule of `pipeline.py` with the pipeline probe of
-`measure.py` around it (bubble and per-stage memory measured on untimed steps)."""
+`probe.py` around it (bubble and per-stage memory measured on untimed steps)."""
 
 from __future__ import annotations
 
-from shardlab.strategies.pipeline_parallel.measure import PipelineProbe
+from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
 from shardlab.strategies.pipeline_parallel.pipeline import GPipe, Interleaved1F1B, OneForwardOneBackward
 
 

@@ -11,7 +11,7 @@ Every rank sees the whole local batch: the first stage reads the tokens, the las
 Only the last stage knows the loss; `reduce_losses` shares it with every rank.
 
 This file is the technique only; what a pipeline run measures beyond the shared loop (its op
-timeline and live activations, for the bubble and per-stage memory) is `measure.PipelineProbe`,
+timeline and live activations, for the bubble and per-stage memory) is `probe.PipelineProbe`,
 which the registered strategies (`strategies.py`) put around it.
 """
 

@@ -7,10 +7,8 @@ of the registry's ladder (`RUNGS`), predicted by the planner itself (so `plan ev
 
 from __future__ import annotations
 
-import argparse
-
-from shardlab.costs import hardware
-from shardlab.costs.planner import what_if_item
+from shardlab import cli
+from shardlab.costs.planner import accelerator, what_if_overrides
 from shardlab.costs.shapes import model_shape
 from shardlab.costs.zero_tree import choose, cluster_of, ladder
 from shardlab.strategies.zero import deepspeed_ladder
@@ -37,29 +35,23 @@ def render(result: dict, name: str, accelerator: str, gpus: int, seq_len: int, m
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardlab plan-zero", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.Parser(prog="shardlab plan-zero", description=__doc__)
     parser.add_argument("--model", required=True, help="a name of costs/models.yaml, or a config file of a shape")
-    parser.add_argument("--hardware", required=True, help="accelerator name in costs/hardware.yaml")
-    parser.add_argument("--gpus", type=int, required=True, help="data-parallel devices (at least 1)")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per device and micro-batch")
+    parser.add_argument("--hardware", required=True, type=accelerator, help="accelerator name in costs/hardware.yaml")
+    parser.add_argument("--gpus", type=cli.count, required=True, help="data-parallel devices (at least 1)")
+    parser.add_argument("--seq-len", type=cli.count, default=2048)
+    parser.add_argument("--micro-batch", type=cli.count, default=1, help="sequences per device and micro-batch")
     parser.add_argument("--host-memory-gb", type=float, default=None, help="per node, for offload (default: unlimited)")
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    parser.add_argument("--what-if", nargs="*", default=[], type=what_if_item,
+    parser.add_argument("--what-if", nargs="*", default=[], type=cli.what_if_item,
                         help="scale catalog figures, e.g. hbm_gb=0.3")
     args = parser.parse_args(argv)
-    for name, value in (("--gpus", args.gpus), ("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
-        if value < 1:
-            parser.error(f"{name}: {value} is not a count of at least 1")
     try:
-        model = model_shape(args.model)
-        device = hardware.by_name(args.hardware)
-        overrides = {k: device[k] * f for k, f in args.what_if}
-        result = plan(model, args.hardware, args.gpus, args.seq_len, args.micro_batch, args.host_memory_gb, overrides,
+        result = plan(model_shape(args.model), args.hardware, args.gpus, args.seq_len, args.micro_batch,
+                      args.host_memory_gb, what_if_overrides(args.hardware, args.what_if, parser),
                       dtype=args.dtype, optimizer=args.optimizer)
-    except (KeyError, ValueError) as err:
-        parser.error(str(err.args[0]))
+    except ValueError as err:  # the model is unknown, or the devices are not whole nodes
+        parser.error(str(err))
     print(render(result, args.model, args.hardware, args.gpus, args.seq_len, args.micro_batch))
     return 0
