@@ -59,7 +59,7 @@ def test_config_check_rejects_unshardable_sequence_length():
     exp = deep_merge(TEST_EXPERIMENT, {"strategies": ["cp_ring"]})
     get_spec("cp_ring").check(exp, "experiments.t", 2)  # 32 = 8 chunks of 4: fine
     exp["training"]["seq_len"] = 30
-    with pytest.raises(ConfigError, match=r"experiments\.t\.training\.seq_len.*not divisible by 2 x 2"):
+    with pytest.raises(ConfigError, match=r"experiments\.t\.launch\.world_size.*sequence 30 is not divisible by 2 x cp = 4"):
         get_spec("cp_ring").check(exp, "experiments.t", 2)
 
 

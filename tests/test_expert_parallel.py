@@ -78,7 +78,7 @@ def _exp(**options):
 
 def test_config_checks_reject_bad_moe_settings():
     get_spec("ep_moe").check(_exp(ep_moe={"num_experts": 4}, moe_single={"num_experts": 4}), "experiments.t", 2)
-    with pytest.raises(ConfigError, match="num_experts.*3 experts cannot be split evenly over 2 ranks"):
+    with pytest.raises(ConfigError, match="ep: 3 experts are not divisible by ep=2"):
         get_spec("ep_moe").check(_exp(ep_moe={"num_experts": 3}, moe_single={"num_experts": 3}), "experiments.t", 2)
     with pytest.raises(ConfigError, match="top_k"):
         get_spec("ep_moe").check(_exp(ep_moe={"top_k": 5}), "experiments.t", 2)

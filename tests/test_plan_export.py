@@ -39,7 +39,8 @@ def test_a_runnable_plan_becomes_a_run_with_the_same_plan(plan):
     (Plan(dp=4, framework="deepspeed", zero=1, micro_batch=2), "DeepSpeed is not a composed dp sharding"),
     (Plan(dp=4, framework="torch", recompute="full", micro_batch=2), "no activation recomputation"),
     (Plan(dp=4, framework="torch", micro_batch=1), "without stages, one micro-batch per replica"),
-    (Plan(dp=1, pp=4, framework="torch", micro_batch=1), "4 stages do not divide 2 layers"),
+    (Plan(dp=1, pp=4, schedule="interleaved", virtual_stages=2, framework="torch", micro_batch=1),
+     "8 stages cannot be cut from 2 layers + the embedding + the head"),
 ])
 def test_plans_a_composed_run_cannot_execute_are_left_out(plan, why):
     assert runnable(plan, EXP) is None, why

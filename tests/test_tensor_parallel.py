@@ -166,7 +166,7 @@ def test_tp_config_rejects_unknown_option():
 
 def test_tp_config_rejects_heads_not_divisible():
     exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"model": {"num_heads": 2}, "launch": {"world_size": 4}})
-    with pytest.raises(ConfigError, match="model.num_heads"):
+    with pytest.raises(ConfigError, match="launch.world_size.*2 heads are not divisible by tp=4"):
         REGISTRY["tp"].check(exp, "experiments.test")
 
 

@@ -60,7 +60,7 @@ def gradient_bytes(plan: Plan) -> int:
 def parameter_bytes(plan: Plan) -> int:
     """Bytes a gathered parameter travels in: the compute dtype (FSDP2 casts its fp32 shards to
     `param_dtype` before the all-gather)."""
-    return 4 if plan.dtype == "fp32" else 2
+    return plan.value_bytes
 
 
 def activation_message(model: ModelShape, plan: Plan, workload: Workload) -> float:

@@ -14,11 +14,13 @@ context, data, pipeline; expert parallelism is carved out of the dp x cp ranks, 
   kernel: "flash" (a fused kernel as Megatron and FlashAttention run it), "sdpa" (what transformers'
   SDPA path saves in this project's GPT-NeoX runs), "eager" (stores the score matrix) or "ring".
 
-The pipeline's pp x virtual_stages stages must hold equal shares of the model: the layers split
-evenly, or the layers + 2 with the embedding and the head as one layer each (`shapes.cuts_evenly`).
-
 `rejection` says why a plan cannot run (a divisibility, the batch, a placement), naming the field,
-before any cost is computed.
+before any cost is computed. It is also the registry's gate: a strategy's config check builds its run's
+Plan and asks `rejection` under this project's stack, so the rules state what the libraries accept.
+On that stack the pipeline follows torch.distributed.pipelining (any stage cut up to layers + 2, the
+1F1B minimum of pp micro-batches, the interleaved schedule's rounds); on the planner's stacks the
+pp x virtual_stages stages hold equal shares of the model: the layers split evenly, or the layers + 2
+with the embedding and the head as one layer each (`shapes.cuts_evenly`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from shardlab.costs import hardware, stacks
-from shardlab.costs.shapes import ModelShape, cuts_evenly
-from shardlab.costs.sharded_states import MOMENT_BYTES
+from shardlab.costs.plan_rules import (HAND_CUT_STACKS, batch_rejection, model_rejection, schedule_rejection,
+                                       sequence_rejection, sharding_rejection)
+from shardlab.costs.shapes import ModelShape
+from shardlab.costs.sharded_states import DTYPE_BYTES, MOMENT_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "op", "full")  # selective: the attention core; op: per-op checkpointing
@@ -84,7 +88,7 @@ class Plan:
 
     @property
     def value_bytes(self) -> int:
-        return 4 if self.dtype == "fp32" else 2
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def activation_split(self) -> str:
@@ -179,72 +183,49 @@ def micro_batches(plan: Plan, workload: Workload) -> int:
     return workload.global_batch // (plan.dp * plan.micro_batch)
 
 
-def rejection(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload, stack: str | None = None) -> str | None:
+def rejection(model: ModelShape | None, plan: Plan, cluster: Cluster, workload: Workload,
+              stack: str | None = None) -> str | None:
     """Why `plan` cannot run `model` on `cluster` at `workload` under `stack` (the first reason, starting
-    with the field at fault), or None. A plain chain of ifs: the search calls it for every candidate."""
-    p, w = plan, workload
+    with the field at fault: a Plan, Workload or Cluster field), or None. `model` None: a model whose shape
+    is not known yet (checked when it is loaded), so its divisibilities are skipped. A plain chain of
+    checks: the search calls it for every candidate."""
+    hand_cut = stack in HAND_CUT_STACKS
+    return (_value_rejection(plan) or _placement_rejection(plan, cluster)
+            or (model_rejection(model, plan, hand_cut) if model is not None else None)
+            or sequence_rejection(plan, workload) or schedule_rejection(plan)
+            or batch_rejection(plan, workload, hand_cut) or sharding_rejection(plan, hand_cut)
+            or _workload_rejection(workload) or stacks.rejection(plan, stack))
+
+
+def _value_rejection(p: Plan) -> str | None:
     for name, allowed in CHOICES.items():
         if getattr(p, name) not in allowed:
             return f"{name}: {getattr(p, name)!r} is not one of {allowed}"
     if min(p.dp, p.tp, p.pp, p.cp, p.ep, p.micro_batch, p.virtual_stages) < 1:
         name = next(name for name in DEGREES if getattr(p, name) < 1)
         return f"{name}: {getattr(p, name)} is not a count of at least 1"
-    if p.world != cluster.gpus:
-        return f"world: dp*tp*pp*cp = {p.world} is not the cluster's {cluster.gpus} GPUs"
-    if p.tp > cluster.gpus_per_node:
-        return f"tp: {p.tp} ranks would span nodes ({cluster.gpus_per_node} GPUs per node)"
-    if model.num_heads % p.tp:
-        return f"tp: {model.num_heads} heads are not divisible by tp={p.tp}"
-    if model.kv_heads % p.tp and p.tp % model.kv_heads:
-        return f"tp: {model.kv_heads} KV heads do not split over tp={p.tp}"
     if p.sp and p.tp == 1:
         return "sp: sequence parallelism needs tp > 1"
     if p.tp_overlap and p.tp == 1:
         return "tp_overlap: there are no tensor-parallel collectives to overlap (tp=1)"
     if p.sp_gathered_inputs and not p.sp:
         return "sp_gathered_inputs: only sequence parallelism gathers its inputs"
-    if w.seq_len % p.cp:
-        return f"cp: sequence {w.seq_len} is not divisible by cp={p.cp}"
-    if p.sp and (w.seq_len // p.cp) % p.tp:
-        return f"sp: the sequence shard of {w.seq_len // p.cp} tokens is not divisible by tp={p.tp}"
-    if p.pp == 1 and p.schedule == "interleaved":
-        return "schedule: a single pipeline stage (pp=1) has no schedule to interleave"
-    if p.pp == 1 and p.virtual_stages > 1:
-        return f"virtual_stages: a single pipeline stage (pp=1) has no {p.virtual_stages} chunks to interleave"
-    if p.pp > 1 and p.schedule == "interleaved" and p.virtual_stages == 1:
-        return "virtual_stages: the interleaved schedule needs 2 or more model chunks per rank (virtual_stages=2...)"
-    if p.pp > 1 and p.virtual_stages > 1 and p.schedule != "interleaved":
-        return f"virtual_stages: {p.virtual_stages} model chunks per rank need schedule=interleaved, not {p.schedule}"
-    if model.num_layers < p.pp:
-        return f"pp: {model.num_layers} layers cannot give each of {p.pp} pipeline ranks one"
-    if not cuts_evenly(model.num_layers, p.pp * p.virtual_stages):
-        return (f"{'virtual_stages' if p.virtual_stages > 1 else 'pp'}: {p.pp * p.virtual_stages} pipeline stages "
-                f"(pp x virtual_stages) split neither the {model.num_layers} layers evenly nor "
-                f"{model.num_layers} + 2 with the embedding and the head as one layer each")
-    if p.ep > 1 and not model.num_experts:
-        return f"ep: a dense model has no experts to split over ep={p.ep}"
-    if model.num_experts % p.ep:
-        return f"ep: {model.num_experts} experts are not divisible by ep={p.ep}"
-    if (p.dp * p.cp) % p.ep:
-        return f"ep: ep={p.ep} must divide the dp x cp = {p.dp * p.cp} ranks it is carved from"
-    if w.global_batch % (p.dp * p.micro_batch):
-        return f"micro_batch: global batch {w.global_batch} is not divisible by dp x micro_batch = {p.dp * p.micro_batch}"
-    if p.pp > 1 and p.schedule == "interleaved" and micro_batches(p, w) % p.pp:
-        return f"micro_batch: the interleaved schedule needs micro-batches ({micro_batches(p, w)}) in multiples of pp={p.pp}"
-    if p.offload != "none" and not (p.framework == "deepspeed" and p.zero >= 1):
-        return f"offload: only DeepSpeed ZeRO-1..3 offloads ({p.framework} ZeRO-{p.zero} was asked)"
-    if p.offload == "optimizer+params" and p.zero != 3:
-        return "offload: parameters offload only at ZeRO-3"
-    if p.framework in ("megatron", "mcore") and p.zero > 1:
-        return "zero: Megatron's distributed optimizer shards optimizer state only (zero 0 or 1)"
-    if p.framework == "torch" and p.zero:
-        return "zero: plain PyTorch replicas shard nothing (zero 0)"
-    if p.grad_bucket_mb is not None and (p.framework != "torch" or p.grad_bucket_mb < 0):
-        return "grad_bucket_mb: only plain PyTorch replicas bucket their gradient all-reduce (>= 0 MiB)"
     if p.whole_embedding_grad and p.tp == 1:
         return "whole_embedding_grad: only tensor parallelism splits the embedding"
-    if p.framework == "fsdp2" and p.zero not in (2, 3):
-        return "zero: FSDP2 shards gradients and parameters (zero 2 or 3)"
+    return None
+
+
+def _placement_rejection(p: Plan, cluster: Cluster) -> str | None:
+    if p.world != cluster.gpus:
+        return f"world: dp*tp*pp*cp = {p.world} is not the cluster's {cluster.gpus} GPUs"
+    if p.tp > cluster.gpus_per_node:
+        return f"tp: {p.tp} ranks would span nodes ({cluster.gpus_per_node} GPUs per node)"
+    if (p.dp * p.cp) % p.ep:
+        return f"ep: ep={p.ep} must divide the dp x cp = {p.dp * p.cp} ranks it is carved from"
+    return None
+
+
+def _workload_rejection(w: Workload) -> str | None:
     if not 0 <= w.dropout < 1:
         return f"dropout: {w.dropout} is not a probability in [0, 1)"
-    return stacks.rejection(p, stack)
+    return None

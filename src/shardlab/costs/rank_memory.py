@@ -279,7 +279,7 @@ def comm_buffer_bytes(model: ModelShape, plan: Plan, workload: Workload, layer_p
     act = tokens * model.hidden_size * plan.value_bytes
     out = 0.0
     if plan.zero == 3:
-        out += zero3_gathered_parameters(model, plan, layer_params) * (4 if plan.dtype == "fp32" else 2)
+        out += zero3_gathered_parameters(model, plan, layer_params) * plan.value_bytes
     if plan.sp:
         out += act
     if plan.pp > 1:

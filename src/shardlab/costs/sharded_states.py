@@ -63,6 +63,7 @@ class ZeroRung:
 # Optimizer state per parameter: Adam's two moments in fp32; "adamw-bf16" keeps the moments and the master
 # copy in bf16 (NeMo's distributed fused Adam with dtype bf16, as the Nemotron-4 340B recipe runs it);
 # SGD without momentum keeps none.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes per element of each training dtype: the one table
 MOMENT_BYTES = {"adamw": 8, "adamw-bf16": 4, "sgd": 0}
 
 
@@ -127,13 +128,13 @@ def predict(rung: ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", op
         # and moments sharded by the distributed optimizer: 18 bytes, or 6 + 12/N. Megatron-Core
         # (grad_reduce_in_fp32 off) and NeMo's distributed fused Adam (contiguous_grad_buffer) keep the
         # gradients in the compute dtype: 16 bytes, or 4 + 12/N.
-        weight = 2 if dtype == "bf16" else 4
-        grad = 4 if framework == "megatron" or dtype == "fp32" else 2
+        weight = DTYPE_BYTES[dtype]
+        grad = 4 if framework == "megatron" else DTYPE_BYTES[dtype]
         master = master_bytes(optimizer, dtype)
         params = grads = psi
         state = held.flat_partition if stage >= 1 else psi
     else:
-        weight = grad = 2 if dtype == "bf16" else 4
+        weight = grad = DTYPE_BYTES[dtype]
         master = 4 if (dtype == "bf16" or stage >= 1) else 0  # fp32 stage 0 updates the weights in place
         params = held.tensor_partition if stage == 3 else held.flat_buffer if stage >= 1 else psi
         state = held.tensor_partition if stage == 3 else held.flat_partition if stage >= 1 else psi

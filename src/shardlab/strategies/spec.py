@@ -11,9 +11,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Callable
 
-from shardlab.costs.plan import Plan
-from shardlab.costs.shapes import ModelShape
+from shardlab.costs.plan import Cluster, Plan, Workload, rejection
+from shardlab.costs.shapes import ModelShape, known_models, model_shape
 from shardlab.errors import ConfigError
+
+RUN_STACK = "shardlab"  # the stack (costs/stacks.yaml) whose rules a registry run is checked under
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size")
+TRAINING_FIELDS = ("seq_len", "dropout", "dtype", "optimizer")  # Plan or Workload fields set by `training`
+WORLD_FIELDS = ("world", "dp", "tp", "pp", "cp", "ep")  # degrees that, unless an option sets them, the world size does
 
 
 class Family(StrEnum):
@@ -35,7 +40,8 @@ class Family(StrEnum):
 PlanFields = Callable[[int, dict], dict]
 # (the experiment's model shape, strategy options) -> the model the strategy trains (e.g. its MoE variant)
 ModelOf = Callable[[ModelShape, dict], ModelShape]
-# (the spec, experiment, "experiments.<exp>", world size or "auto") -> raise ConfigError naming the field
+# (the spec, experiment, "experiments.<exp>", world size or "auto") -> raise ConfigError naming the field.
+# Option checks read names and types only: whether the run can run is the Plan's question (`StrategySpec.check`).
 OptionCheck = Callable[["StrategySpec", dict, str, "int | str"], None]
 
 
@@ -53,6 +59,18 @@ def only_options(*known: str) -> OptionCheck:
                 raise ConfigError(spec.option_field(where, key), f"unknown option (known: {', '.join(sorted(allowed))})")
 
     return check
+
+
+def experiment_shape(exp: dict) -> ModelShape | None:
+    """The experiment's model shape: its own sizes (local and pretrained models), else the catalog's
+    (costs/models.yaml) by its name or hub id; None where neither says (checked when it is loaded)."""
+    model = exp["model"]
+    if all(key in model for key in SHAPE_FIELDS):
+        return ModelShape.from_dict(model)
+    for name in (model.get("name"), str(model.get("hub_id", "")).rpartition("/")[2]):
+        if name in known_models():
+            return model_shape(name)
+    return None
 
 
 def all_of(*checks: OptionCheck) -> OptionCheck:
@@ -85,6 +103,9 @@ class StrategySpec:
     single_process: bool = False
     check_options: OptionCheck = only_options()
     micro_batch_rows: Callable[[int], int] | None = None  # rows the implementation runs of a micro-batch, if fewer
+    # (Plan field, option key) pairs: the option that sets a Plan field, named when the Plan is rejected for
+    # it (several keys for one field: the first one the experiment gives, else the first).
+    plan_options: tuple[tuple[str, str], ...] = ()
     # False when the communication a run times is only part of its plan (what overlap left exposed, or
     # one group's collectives), so it cannot be held against a model of all of it (tables.communication).
     comm_timed_in_full: bool = True
@@ -99,7 +120,7 @@ class StrategySpec:
         fields = self.plan_fields(world, self.options(exp))
         n_micro = fields.pop("micro_batches", None)
         training = exp["training"]
-        local = training["global_batch_size"] // fields.get("dp", 1)
+        local = training["global_batch_size"] // max(1, fields.get("dp", 1))  # dp 0: the Plan rejects it by name
         rows = local // n_micro if n_micro else min(training.get("micro_batch_size") or local, local)
         rows = self.micro_batch_rows(rows) if self.micro_batch_rows else rows
         return Plan(**fields, micro_batch=rows, dtype=training["dtype"], optimizer=training["optimizer"])
@@ -124,21 +145,62 @@ class StrategySpec:
         return 1 if self.single_process else self.options(exp).get("world_size", exp["launch"]["world_size"])
 
     def check(self, exp: dict, where: str, world: int | str | None = None) -> None:
-        """Every check of this strategy in `exp` (at `where`, "experiments.<name>"); `world` overrides
-        'auto' once it is known (launch)."""
+        """The one gate of this strategy in `exp` (at `where`, "experiments.<name>"): its options' names
+        and types, then `rejection` of its run's Plan, as a ConfigError naming the config field that sets
+        what is at fault. `world` overrides 'auto' once it is known (launch)."""
         world = self.world_size(exp) if world is None else world
         self.check_options(self, exp, where, world)
         if world == "auto":
             return  # checked again at launch, once the device count is known
-        training = exp["training"]
-        dp = self.data_parallel_size(int(world), self.options(exp))
-        gbs, mbs = training["global_batch_size"], training.get("micro_batch_size")
-        if gbs % dp:
-            raise ConfigError(f"{where}.training.global_batch_size",
-                              f"{gbs} is not divisible by the {dp} data-parallel ranks of '{self.name}'")
-        if mbs and (gbs // dp) % mbs:
-            raise ConfigError(f"{where}.training.micro_batch_size",
-                              f"{mbs} does not divide the per-rank batch {gbs // dp} of '{self.name}'")
+        problem = self.rejection(exp, int(world))
+        if problem:
+            plan_field, reason = problem
+            raise ConfigError(self.config_field(exp, where, plan_field, int(world)),
+                              f"{reason} ('{self.name}' on {world} ranks)")
+
+    def rejection(self, exp: dict, world: int) -> tuple[str, str] | None:
+        """(the Plan field at fault, why) this strategy cannot run in `exp` on `world` ranks, or None: its
+        options must ask for whole micro-batches (or its Plan would be another run's), and
+        `costs.plan.rejection` must accept its run's Plan under this project's stack."""
+        unheld = self.unheld_micro_batches(exp, world)
+        if unheld:
+            return "micro_batch", unheld
+        shape = experiment_shape(exp)
+        model = self.run_model(shape, exp) if shape else None
+        cluster = Cluster("cpu", nodes=1, gpus_per_node=1 if self.single_process else world)
+        reason = rejection(model, self.run_plan(exp, world), cluster, Workload.from_training(exp["training"]), RUN_STACK)
+        return (reason.partition(":")[0], reason) if reason else None
+
+    def unheld_micro_batches(self, exp: dict, world: int) -> str | None:
+        """Why the micro-batches the options or `training.micro_batch_size` ask for do not split each
+        replica's batch evenly (the Plan holds equal micro-batches only), or None."""
+        fields, training = self.plan_fields(world, self.options(exp)), exp["training"]
+        gbs, dp = training["global_batch_size"], fields.get("dp", 1)
+        if dp < 1 or gbs % dp:
+            return None  # the Plan's degree or batch rule names it
+        local, count, rows = gbs // dp, fields.get("micro_batches"), training.get("micro_batch_size")
+        if count and local % count:
+            return f"micro_batch: n_microbatches={count} does not divide the per-replica batch {local}"
+        if rows and local % rows:
+            return f"micro_batch: micro_batch_size={rows} does not divide the per-rank batch {local}"
+        return None
+
+    def config_field(self, exp: dict, where: str, plan_field: str, world: int) -> str:
+        """The config field behind a Plan (or Workload) field of this strategy's run in `exp` on `world`
+        ranks: the option that sets it, a training setting, or the world size."""
+        options, training = self.options(exp), exp["training"]
+        keys = [key for field, key in self.plan_options if field == plan_field]
+        if plan_field == "micro_batch" and training["global_batch_size"] % self.data_parallel_size(world, options):
+            return f"{where}.training.global_batch_size"
+        if keys:
+            return self.option_field(where, next((key for key in keys if key in options), keys[0]))
+        if plan_field == "micro_batch":
+            return f"{where}.training.{'micro_batch_size' if training.get('micro_batch_size') else 'global_batch_size'}"
+        if plan_field in TRAINING_FIELDS:
+            return f"{where}.training.{plan_field}"
+        if plan_field in WORLD_FIELDS:
+            return self.option_field(where, "world_size") if "world_size" in options else f"{where}.launch.world_size"
+        return self.option_field(where)
 
     def load(self):
         module, cls = self.target.split(":")

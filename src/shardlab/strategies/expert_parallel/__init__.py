@@ -31,5 +31,5 @@ SPECS = [
     StrategySpec("ep_moe", "shardlab.strategies.expert_parallel.strategy:ExpertParallelMoE", Family.EXPERT_PARALLEL,
                  TOPIC, "Mixture of experts with experts sharded over ranks; tokens dispatched by uneven all-to-all.",
                  plan=lambda world, options: {"dp": world, "ep": world}, model=moe_model, reference="moe_single",
-                 check_options=check_moe_options),
+                 check_options=check_moe_options, plan_options=(("ep", "num_experts"),)),
 ]

@@ -1,4 +1,6 @@
-"""Config checks for `moe_single` and `ep_moe` (torch-free: the Snakefile validates configs early)."""
+"""Option checks for `moe_single` and `ep_moe` (torch-free: the Snakefile validates configs early): names,
+types and the MoE settings both runs share. Whether the experts split over the ranks is the Plan's question
+(`costs.plan.rejection` of the MoE model, asked by `StrategySpec.check`)."""
 
 from __future__ import annotations
 
@@ -21,14 +23,12 @@ def check_moe_options(spec, exp: dict, where: str, ranks: int | str) -> None:
     if unknown:
         raise ConfigError(field(sorted(unknown)[0]), f"unknown option (known: {', '.join(MOE_DEFAULTS)}, world_size)")
     s = moe_settings(options)
-    if not isinstance(s["num_experts"], int) or s["num_experts"] < 1:
+    if not isinstance(s["num_experts"], int) or isinstance(s["num_experts"], bool) or s["num_experts"] < 1:
         raise ConfigError(field("num_experts"), "must be a positive integer")
     if not isinstance(s["top_k"], int) or not 1 <= s["top_k"] <= s["num_experts"]:
         raise ConfigError(field("top_k"), f"must be an integer between 1 and num_experts={s['num_experts']}")
     if not s["capacity_factor"] > 0:
         raise ConfigError(field("capacity_factor"), "must be positive")
-    if not spec.single_process and ranks != "auto" and s["num_experts"] % int(ranks):
-        raise ConfigError(field("num_experts"), f"{s['num_experts']} experts cannot be split evenly over {ranks} ranks")
     # The reference must be the same model: both MoE strategies of an experiment share their settings.
     others = [o for o in MOE_STRATEGIES if o != spec.name and o in exp.get("strategies", [])]
     for other in others:

@@ -26,23 +26,26 @@ def _plan(schedule: str, virtual_stages: int, hybrid: bool):
 
 
 def _spec(name: str, cls: str, family: Family, summary: str, virtual_stages: int = 1, hybrid: bool = False,
-          needs_m_ge_stages: bool = True, schedule: str = "1f1b") -> StrategySpec:
+          schedule: str = "1f1b") -> StrategySpec:
     module = "hybrid_dp_pp" if hybrid else "measured"
+    # The options behind the Plan fields a rejection names: the micro-batches, and the hybrid's stage count.
+    stages = (("pp", "pp_size"), ("dp", "pp_size"), ("world", "pp_size")) if hybrid else ()
+    plan_options = (("micro_batch", "n_microbatches"), *stages)
     return StrategySpec(name, f"shardlab.strategies.pipeline_parallel.{module}:{cls}", family, TOPIC, summary,
-                        plan=_plan(schedule, virtual_stages, hybrid),
-                        check_options=checker(virtual_stages, needs_m_ge_stages, virtual_stages > 1, hybrid),
+                        plan=_plan(schedule, virtual_stages, hybrid), check_options=checker(hybrid),
+                        plan_options=plan_options,
                         comm_timed_in_full=not hybrid)  # the hybrid times its dp all-reduce, not the sends
 
 
 SPECS = [
     _spec("pp_gpipe", "MeasuredGPipe", Family.PIPELINE_PARALLEL,
           "Hand-cut stages, torch.distributed.pipelining GPipe: all forwards, then all backwards.",
-          needs_m_ge_stages=False, schedule="gpipe"),
+          schedule="gpipe"),
     _spec("pp_1f1b", "Measured1F1B", Family.PIPELINE_PARALLEL,
           "Hand-cut stages, 1F1B schedule: one forward, one backward; fewer micro-batches in flight."),
     _spec("pp_interleaved", "MeasuredInterleaved1F1B", Family.PIPELINE_PARALLEL,
           "Interleaved 1F1B: two looped virtual stages per rank, a smaller bubble for more sends.",
-          virtual_stages=2, needs_m_ge_stages=False, schedule="interleaved"),
+          virtual_stages=2, schedule="interleaved"),
     _spec("hybrid_dp_pp", "HybridDataPipeline", Family.HYBRID,
           "2-D mesh (pp, dp): 1F1B pipelines replicated over dp, stage gradients all-reduced over dp.", hybrid=True),
 ]

@@ -1,4 +1,6 @@
-"""Settings checks for the pipeline strategies (torch-free: the registry and the Snakefile import it).
+"""Option names and types of the pipeline strategies (torch-free: the registry and the Snakefile import
+it). Whether a run can run (stage cut, micro-batches per schedule) is its Plan's question
+(`costs.plan.rejection`, asked by `StrategySpec.check`).
 
 strategy_options:
   pp_gpipe | pp_1f1b | pp_interleaved: {n_microbatches: int}
@@ -18,37 +20,26 @@ def pipeline_size(world: int, options: dict, hybrid: bool) -> int:
     return int(options.get("pp_size", DEFAULT_HYBRID_PP)) if hybrid else world
 
 
-def checker(virtual_stages: int, needs_m_ge_stages: bool, interleaved: bool = False, hybrid: bool = False):
-    """check_options(exp, where, world) for one pipeline strategy; raises ConfigError naming the field."""
+def _count(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def checker(hybrid: bool = False):
+    """check_options(spec, exp, where, world) for one pipeline strategy; raises ConfigError naming the field."""
 
     def check(spec, exp: dict, where: str, world: int | str) -> None:
         options = spec.options(exp)
-        field = lambda key=None: spec.option_field(where, key)  # noqa: E731
         for key in options:
             if key not in KNOWN or (key == "pp_size" and not hybrid):
-                raise ConfigError(field(key), "unknown pipeline option")
+                raise ConfigError(spec.option_field(where, key), "unknown pipeline option")
         m = options.get("n_microbatches", DEFAULT_MICROBATCHES)
-        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-            raise ConfigError(field("n_microbatches"), f"must be a positive integer, got {m!r}")
+        if not _count(m, 1):
+            raise ConfigError(spec.option_field(where, "n_microbatches"), f"must be a positive integer, got {m!r}")
+        pp = options.get("pp_size", DEFAULT_HYBRID_PP)
+        if hybrid and not _count(pp, 2):  # a hybrid of one stage would be plain data parallelism
+            raise ConfigError(spec.option_field(where, "pp_size"), f"must be an integer of at least 2, got {pp!r}")
         if exp["training"].get("micro_batch_size"):
             raise ConfigError(f"{where}.training.micro_batch_size",
                               "pipeline strategies cut micro-batches themselves: set strategy_options.<pp strategy>.n_microbatches instead")
-        if world == "auto":
-            return  # checked again at launch
-        pp = pipeline_size(world, options, hybrid)
-        if hybrid and (pp < 2 or world % pp):
-            raise ConfigError(field("pp_size"), f"{pp} must be >= 2 and divide the world size {world}")
-        dp = world // pp if hybrid else 1
-        local = exp["training"]["global_batch_size"] // dp
-        if local % m:
-            raise ConfigError(field("n_microbatches"), f"{m} does not divide the per-pipeline batch {local}")
-        stages = pp * virtual_stages
-        if needs_m_ge_stages and m < stages:
-            raise ConfigError(field("n_microbatches"), f"1F1B needs at least as many micro-batches as stages ({stages}), got {m}")
-        if interleaved and m % max(1, m // pp):
-            raise ConfigError(field("n_microbatches"), f"interleaved 1F1B needs n_microbatches divisible by max(1, n_microbatches // {pp}), got {m}")
-        layers = exp["model"].get("num_layers")
-        if layers is not None and layers + 2 < stages:
-            raise ConfigError(field(), f"{stages} pipeline stages cannot be cut from {layers} layers (+ embedding and head)")
 
     return check

@@ -6,7 +6,7 @@ writes its DeepSpeed JSON."""
 from __future__ import annotations
 
 from shardlab.strategies.spec import Family, StrategySpec, only_options
-from shardlab.strategies.zero.settings import check_zero_options
+from shardlab.strategies.zero.settings import check_zero_options, plan_offload, rung_settings
 
 TOPIC = "zero"
 
@@ -36,6 +36,10 @@ RUNGS = {
 BF16_TWINS = {"deepspeed": ("deepspeed_single", "zero1"), "fsdp2": ("fsdp2_single", "fsdp2_full")}
 
 
+# The options behind the Plan's offload: parameter offload where the run asks for it, else the optimizer's.
+OFFLOAD_OPTIONS = (("offload", "offload_param"), ("offload", "offload_optimizer"))
+
+
 def deepspeed_ladder() -> dict[str, dict]:
     """DeepSpeed's rungs and their Plan fields, in ladder order (the ZeRO decision tree's choices)."""
     return {name: {"framework": "deepspeed", **fields} for name, (target, fields, _) in RUNGS.items()
@@ -43,8 +47,15 @@ def deepspeed_ladder() -> dict[str, dict]:
 
 
 def rung_plan(fields: dict):
+    """The Plan fields of a rung's run: its own, with DeepSpeed's offload options applied."""
     full = {"framework": "deepspeed", **fields}
-    return lambda world, options: {"dp": world, **full}
+
+    def plan(world: int, options: dict) -> dict:
+        if full["framework"] != "deepspeed":
+            return {"dp": world, **full}
+        return {"dp": world, **full, "offload": plan_offload(rung_settings(full, options))}
+
+    return plan
 
 
 def _twin(framework: str) -> StrategySpec:
@@ -59,7 +70,7 @@ def _spec(name: str) -> StrategySpec:
     target, fields, summary = RUNGS[name]
     framework = fields.get("framework", "deepspeed")
     return StrategySpec(name, f"shardlab.strategies.zero.{target}", Family.ZERO, TOPIC, summary, plan=rung_plan(fields),
-                        bf16_twin=BF16_TWINS[framework][0],
+                        bf16_twin=BF16_TWINS[framework][0], plan_options=OFFLOAD_OPTIONS,
                         check_options=check_zero_options if framework == "deepspeed" else only_options())
 
 

@@ -16,6 +16,15 @@ OPTION_DEFAULTS = {
     "overlap_comm": False,
 }
 OFFLOAD_DEVICES = ("none", "cpu")
+# (offload_optimizer, offload_param) devices -> the Plan's `offload`: what the cost model can predict.
+PLAN_OFFLOAD = {("none", "none"): "none", ("cpu", "none"): "optimizer", ("cpu", "cpu"): "optimizer+params"}
+# Settings that change memory or time but have no Plan field: a run may leave them only at their default,
+# or it would run another plan than the one predicted (why each changes the run, for the error message).
+UNPLANNED = {
+    "bucket_size": "the reduce and all-gather bucket sets the gradient buffer and the number of collectives",
+    "param_persistence_threshold": "parameters kept whole at stage 3 change every rank's parameter memory",
+    "overlap_comm": "overlapping the gradient reduction changes the step time",
+}
 
 
 def rung_settings(plan: dict, options: dict) -> dict:
@@ -30,25 +39,33 @@ def rung_settings(plan: dict, options: dict) -> dict:
     return settings
 
 
+def plan_offload(settings: dict) -> str:
+    """The Plan's `offload` of a rung's settings ('optimizer:nvme'-like text, which the Plan rejects by
+    name, for a pair it cannot hold)."""
+    devices = settings["offload_optimizer"], settings["offload_param"]
+    return PLAN_OFFLOAD.get(devices, "optimizer:{}+params:{}".format(*devices))
+
+
 def check_zero_options(spec, exp: dict, where: str, world: int | str) -> None:
-    """Reject settings DeepSpeed would refuse (or silently ignore) before anything is launched."""
+    """Names and values of the DeepSpeed options, before anything is launched; the stage and offload
+    they give are the Plan's question (`costs.plan.rejection`, asked by `StrategySpec.check`)."""
     options = spec.options(exp)
     where = spec.option_field(where)
     for key in options:
         if key not in OPTION_DEFAULTS and key != "world_size":
             raise ConfigError(f"{where}.{key}", f"unknown DeepSpeed option (known: {', '.join(sorted(OPTION_DEFAULTS))}, world_size)")
-    s = rung_settings(spec.plan_fields(1, options), options)
     for key in ("offload_optimizer", "offload_param"):
-        if s[key] not in OFFLOAD_DEVICES:
-            raise ConfigError(f"{where}.{key}", f"'{s[key]}' is not an offload device (use one of {OFFLOAD_DEVICES})")
-    if s["stage"] == 0 and s["offload_optimizer"] != "none":
-        raise ConfigError(f"{where}.offload_optimizer", "ZeRO stage 0 has no partitioned optimizer to offload; use zero1 or higher")
-    if s["offload_param"] != "none" and s["stage"] != 3:
-        raise ConfigError(f"{where}.offload_param", f"parameter offload needs ZeRO stage 3, this rung is stage {s['stage']}")
-    if s["bucket_size"] is not None and (not isinstance(s["bucket_size"], int) or s["bucket_size"] < 1):
-        raise ConfigError(f"{where}.bucket_size", "must be a positive integer number of elements")
-    if not isinstance(s["param_persistence_threshold"], int) or s["param_persistence_threshold"] < 0:
-        raise ConfigError(f"{where}.param_persistence_threshold", "must be a non-negative integer")
+        if options.get(key) not in (None, *OFFLOAD_DEVICES):
+            raise ConfigError(f"{where}.{key}", f"'{options[key]}' is not an offload device (use one of {OFFLOAD_DEVICES})")
+    for key, why in UNPLANNED.items():
+        if options.get(key, OPTION_DEFAULTS[key]) != OPTION_DEFAULTS[key]:
+            raise ConfigError(f"{where}.{key}", f"{options[key]!r}: the Plan has no field for it ({why}), so only "
+                                                f"the default ({OPTION_DEFAULTS[key]}) can be predicted")
+    s = rung_settings(spec.plan_fields(1, {}), options)
+    if s["offload_param"] != "none" and s["offload_optimizer"] == "none":
+        raise ConfigError(f"{where}.offload_param", "parameter offload needs ZeRO stage 3 and offload_optimizer: cpu "
+                                                    "too (the Plan offloads the optimizer, or the optimizer and the "
+                                                    "parameters)")
 
 
 def deepspeed_config(plan: dict, training: dict, options: dict, dp_size: int, n_params: int) -> dict:
