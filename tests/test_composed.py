@@ -72,21 +72,21 @@ def test_composed_fails_parity_without_one_dimensions_reduction(plan, fault, run
 
 
 @pytest.mark.parametrize("options, field, problem", [
-    ({"world_size": 4, "tp": 3}, "strategy_options.composed.tp", "does not divide the world size"),
-    ({"world_size": 6, "tp": 3}, "model.num_heads", "not divisible by the tensor-parallel degree 3"),
+    ({"world_size": 4, "tp": 3}, "strategy_options.composed.world_size", "dp\\*tp\\*pp\\*cp = 3 is not the cluster's 4"),
+    ({"world_size": 6, "tp": 3}, "strategy_options.composed.tp", "4 heads are not divisible by tp=3"),
     ({"world_size": 4, "tp": 1, "sp": True}, "strategy_options.composed.sp", "needs tp > 1"),
     ({"world_size": 4, "tp": "two"}, "strategy_options.composed.tp", "positive integer"),
-    ({"world_size": 8, "tp": 2, "cp": 3}, "strategy_options.composed.cp", "does not divide the world size"),
-    ({"world_size": 6, "cp": 3}, "training.seq_len", "not divisible by 2 x 3 context-parallel ranks"),
-    ({"world_size": 4, "pp": 4}, "strategy_options.composed.pp", "do not divide the 2 layers"),
-    ({"world_size": 4, "pp": 2, "schedule": "interleaved"}, "strategy_options.composed.virtual_stages",
-     "do not divide the 2 layers"),
+    ({"world_size": 8, "tp": 2, "cp": 3}, "strategy_options.composed.world_size", "= 6 is not the cluster's 8"),
+    ({"world_size": 6, "cp": 3}, "strategy_options.composed.cp", "sequence 32 is not divisible by 2 x cp = 6"),
+    ({"world_size": 8, "pp": 8}, "strategy_options.composed.pp", "8 pipeline stages .* cannot be cut from 2 layers"),
+    ({"world_size": 4, "pp": 4, "schedule": "interleaved"}, "strategy_options.composed.virtual_stages",
+     "8 pipeline stages .* cannot be cut from 2 layers"),
     ({"world_size": 4, "pp": 2, "n_microbatches": 1}, "strategy_options.composed.n_microbatches",
-     "at least as many micro-batches as stages"),
+     "at least pp=2 micro-batches"),
     ({"world_size": 4, "pp": 2, "n_microbatches": 3, "schedule": "gpipe"}, "strategy_options.composed.n_microbatches",
      "does not divide the per-replica batch 4"),
     ({"world_size": 4, "n_microbatches": 2}, "strategy_options.composed.n_microbatches", "needs pp > 1"),
-    ({"world_size": 4, "pp": 2, "dp_shard": "fsdp2_full"}, "strategy_options.composed.dp_shard", "not composed"),
+    ({"world_size": 4, "pp": 2, "dp_shard": "fsdp2_full"}, "strategy_options.composed.dp_shard", "not FSDP2 shards"),
     ({"world_size": 4, "dp_shard": "zero3"}, "strategy_options.composed.dp_shard", "must be one of"),
     ({"world_size": 4, "ep": 2}, "strategy_options.composed.ep", "unknown option"),
 ])
@@ -100,6 +100,6 @@ def test_bad_degrees_are_rejected_by_name(options, field, problem):
 def test_a_context_shard_that_sequence_parallelism_cannot_split_is_rejected():
     exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), {"training": {"seq_len": 36}, "strategy_options": {
         "composed": {"world_size": 8, "tp": 4, "cp": 2, "sp": True}}})
-    with pytest.raises(ConfigError, match="18 tokens.*sequence-parallel degree 4") as err:
+    with pytest.raises(ConfigError, match="18 tokens is not divisible by the sequence-parallel degree tp=4") as err:
         get_spec("composed").check(exp, "experiments.test")
-    assert err.value.field == "experiments.test.training.seq_len"
+    assert err.value.field == "experiments.test.strategy_options.composed.sp"

@@ -76,11 +76,13 @@ def test_live_saved_bytes_follow_the_schedule():
 
 
 @pytest.mark.parametrize("strategy, options, problem", [
-    ("pp_1f1b", {"n_microbatches": 1}, "at least as many micro-batches as stages"),
+    ("pp_1f1b", {"n_microbatches": 1}, "at least pp=2 micro-batches"),
     ("pp_gpipe", {"n_microbatches": 3}, "does not divide"),
     ("pp_gpipe", {"n_microbatches": 0}, "positive integer"),
     ("pp_gpipe", {"chunks": 2}, "unknown pipeline option"),
-    ("hybrid_dp_pp", {"world_size": 4, "pp_size": 3}, "divide the world size"),
+    ("hybrid_dp_pp", {"world_size": 4, "pp_size": 3}, "dp\\*tp\\*pp\\*cp = 3 is not the cluster's 4"),
+    ("hybrid_dp_pp", {"world_size": 4, "pp_size": 1}, "at least 2"),
+    ("pp_interleaved", {"world_size": 4}, "8 pipeline stages .* cannot be cut from 2 layers"),
 ])
 def test_bad_pipeline_options_are_rejected(strategy, options, problem):
     exp = deep_merge(TEST_EXPERIMENT, {"strategy_options": {strategy: options}})

@@ -1,7 +1,5 @@
-"""Data parallelism along one dimension of a named device mesh: what every strategy that composes
-replicas with another technique (the dp x pp hybrid, composed plans) shares. The strategy builds
-`self.mesh` with a "dp" dimension; this gives its data-parallel rank, size and group and averages the
-gradients over exactly that dimension."""
+"""Gradient reductions over one dimension of a named device mesh: what every strategy that composes
+data-parallel replicas with another technique (the dp x pp hybrid, composed plans) shares."""
 
 from __future__ import annotations
 
@@ -25,24 +23,10 @@ def all_reduce_gradients(params, group, divide_by: int = 1) -> None:
         grad.copy_(reduced.view_as(grad))
 
 
-class MeshDataParallel:
-    """Mixin for a Strategy with `self.mesh` holding a "dp" dimension."""
-
-    @property
-    def dp_rank(self) -> int:
-        return self.mesh["dp"].get_local_rank()
-
-    @property
-    def dp_size(self) -> int:
-        return self.mesh["dp"].size()
-
-    @property
-    def dp_group(self):
-        return self.mesh["dp"].get_group()
-
-    def average_replica_gradients(self) -> None:
-        """The replicas' gradients averaged over dp, timed as communication."""
-        if self.dp_size == 1:
-            return
-        with self.comm.blocked():
-            all_reduce_gradients(self.model.parameters(), self.dp_group, divide_by=self.dp_size)
+def average_gradients(params, mesh, comm) -> None:
+    """The gradients of `params` averaged over the ranks of a 1-D `mesh` (the replicas of a parameter),
+    timed as communication by `comm`; nothing with one rank."""
+    if mesh.size() == 1:
+        return
+    with comm.blocked():
+        all_reduce_gradients(params, mesh.get_group(), divide_by=mesh.size())

@@ -1,15 +1,15 @@
-"""A composed plan's run. One named mesh `(pp, dp, cp, tp)` from the Plan (tp innermost, so that a
-tensor-parallel group sits inside a node), and on it, in this order:
+"""A composed plan's run: one named mesh `(pp, dp, cp, tp)` from the Plan (tp innermost, so that a
+tensor-parallel group sits inside a node), the model parallelized on it by `parallelize.parallelize`
+(TP + SP, CP, pipeline stages or FSDP2, in that order), and the step the shared loop runs, top to
+bottom in this file:
 
-1. hand-written TP (+SP) inside each `tp` group (`tensor_parallel.parallelize_neox`);
-2. ring attention over each `cp` group on a zig-zag shard of every sequence, with global positions;
-3. with pp > 1, the TP/CP model cut into stages (`pipeline_parallel.stages`) and run by a
-   torch.distributed.pipelining schedule over each `pp` group, otherwise FSDP2 over `dp` x `cp` if asked;
-4. data-parallel replicas: each dp rank trains on its own rows of the batch.
-
-Gradients are reduced over exactly the dimensions that replicate a parameter: SP's partial sums
-(LayerNorms and row-parallel biases applied to one sequence shard) over `tp`; every parameter's
-replicas over `dp` x `cp` (one flattened group, over which FSDP2 also shards and averages).
+1. this rank's share of the batch: its dp rank's rows, and of them its cp rank's zig-zag shard;
+2. forward and backward: plain autograd on the whole model, or one pipeline schedule step (which the
+   pipeline probe wraps: bubble and per-stage memory measured on untimed steps);
+3. gradient reduction over exactly the dimensions that replicate a parameter: SP's partial sums
+   (LayerNorms and row-parallel biases applied to one sequence shard) over `tp`; every parameter's
+   replicas over `dp` x `cp` (one flattened group, over which FSDP2, if used, has averaged already);
+4. the optimizer step on this rank's parameters.
 """
 
 from __future__ import annotations
@@ -18,51 +18,48 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-from transformers import AttentionInterface
 
 from shardlab.strategies import get_spec
 from shardlab.strategies.base import Strategy
+from shardlab.strategies.composed.parallelize import parallelize
 from shardlab.strategies.context_parallel import zigzag
-from shardlab.strategies.context_parallel.comms import Ring
-from shardlab.strategies.context_parallel.strategy import ATTENTION_NAME, make_ring_attention_forward
-from shardlab.strategies.mesh import MeshDataParallel, all_reduce_gradients
+from shardlab.strategies.mesh import all_reduce_gradients, average_gradients
 from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
-from shardlab.strategies.pipeline_parallel.pipeline import GPipe
-from shardlab.strategies.pipeline_parallel.stages import NeoXStage
-from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
-from shardlab.strategies.zero.fsdp2 import transformer_blocks
-
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
 
-class Composition(MeshDataParallel):
-    """What every composed run shares: the mesh, TP and CP applied to the model, this rank's share of the
-    batch, the loss reduction and the gradient reduction."""
+class ComposedStrategy(Strategy):
+    """A Plan's degrees composed on one mesh: dp (replicas or FSDP2) x cp x tp (+sp), with or without pp stages."""
 
-    def compose(self, model):
-        fields = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
-        self.tp_size, self.cp_size, self.sp = fields["tp"], fields["cp"], fields["sp"]
-        self.mesh = self.topo.mesh(pp=fields["pp"], dp=fields["dp"], cp=self.cp_size, tp=self.tp_size)
+    def wrap(self, model):
+        plan = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
+        self.tp_size, self.cp_size, self.sp = plan["tp"], plan["cp"], plan["sp"]
+        self.mesh = self.topo.mesh(pp=plan["pp"], dp=plan["dp"], cp=plan["cp"], tp=plan["tp"])
         self.replica_mesh = self.topo.flattened(self.mesh, "dp", "cp")  # ranks holding the same parameter shard
-        if self.tp_size > 1:
-            parallelize_neox(model, self.mesh["tp"].get_group(), self.sp, gather_logits=True)
-        self.tp_shard_dims = {n: p.tp_shard_dim for n, p in model.named_parameters() if hasattr(p, "tp_shard_dim")}
-        self.partial_sum_names = {n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)}
-        self.shard_positions = None  # with cp: this rank's zig-zag tokens' global positions
-        if self.cp_size > 1:
-            ring = Ring(self.mesh["cp"].get_group(), timer=self.comm)
-            AttentionInterface.register(ATTENTION_NAME, make_ring_attention_forward(ring))
-            model.set_attn_implementation(ATTENTION_NAME)
-            self.shard_positions = zigzag.positions(self.training["seq_len"], ring.rank, ring.size).to(
-                self.topo.device).unsqueeze(0)
-        return model
+        self.parts = parallelize(model, self.mesh, plan, replicas=self.replica_mesh, seq_len=self.training["seq_len"],
+                                 dtype=self.training["dtype"], device=self.topo.device, comm=self.comm)
+        self.pipeline = self.parts.pipeline
+        self.probe = PipelineProbe(self.pipeline, self._schedule_step, self.training["warmup_steps"]) \
+            if self.pipeline else None
+        return self.parts.module
+
+    # --- where this rank sits on the mesh -------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh["dp"].get_local_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return self.mesh["dp"].size()
+
+    @property
+    def dp_group(self):
+        return self.mesh["dp"].get_group()
 
     @property
     def cp_rank(self) -> int:
         return self.mesh["cp"].get_local_rank()
 
+    # --- 1. this rank's share of the batch ------------------------------------------------
     def local_batch(self, inputs, labels):
         """This dp rank's rows, and of them this cp rank's zig-zag shard of each sequence."""
         inputs, labels = super().local_batch(inputs, labels)
@@ -70,19 +67,47 @@ class Composition(MeshDataParallel):
             return inputs, labels
         return zigzag.shard(inputs, self.cp_rank, self.cp_size), zigzag.shard(labels, self.cp_rank, self.cp_size)
 
-    def state_namespace(self):
-        coords = self.mesh.get_coordinate()
-        return "_".join(f"{dim}{c}" for dim, c in zip(self.mesh.mesh_dim_names, coords) if dim in ("pp", "tp"))
+    def micro_batches(self, inputs, labels):
+        if self.pipeline:
+            return [(inputs, labels)]  # the schedule cuts micro-batches itself
+        return super().micro_batches(inputs, labels)
 
-    def whole_parameter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """A parameter's TP shards gathered over `tp` (collective within the TP group)."""
-        if name not in self.tp_shard_dims:
-            return tensor
-        chunks = [torch.empty_like(tensor) for _ in range(self.tp_size)]
-        dist.all_gather(chunks, tensor.contiguous(), group=self.mesh["tp"].get_group())
-        return torch.cat(chunks, dim=self.tp_shard_dims[name])
+    def position_ids(self, inputs):
+        shard = self.parts.shard_positions
+        return None if shard is None else shard.expand(inputs.shape[0], -1)
 
-    # --- gradients: over exactly the dimensions that replicate each parameter ------------------
+    # --- 2. forward and backward ----------------------------------------------------------
+    def autocast(self):
+        return contextlib.nullcontext() if self.parts.fsdp else super().autocast()  # FSDP2 casts its gathered weights
+
+    def accumulating(self, last: bool):
+        if self.parts.fsdp:
+            self.model.set_requires_gradient_sync(last)
+        return super().accumulating(last)
+
+    def forward_backward(self, inputs, labels, scale):
+        if self.pipeline:
+            return self.probe.step(inputs, labels)  # the probe runs `_schedule_step`, measured or not
+        loss = self.compute_loss(inputs, labels)
+        (loss * scale).backward()
+        return loss.detach()
+
+    def _schedule_step(self, inputs, labels):
+        return self.pipeline.step(inputs, labels, self.autocast())
+
+    @torch.no_grad()
+    def evaluate(self, inputs, labels):
+        if self.pipeline:
+            self.probe.evaluated()
+            return self.pipeline.evaluate(inputs, labels, self.autocast())
+        return self.compute_loss(inputs, labels)
+
+    # --- 3. gradients: over exactly the dimensions that replicate each parameter -------------
+    def sync_gradients(self) -> None:
+        self.sum_partial_gradients(self.parts.partial_sum_params)
+        if not self.parts.fsdp:  # FSDP2's reduce-scatter has averaged over dp x cp already
+            self.average_replica_gradients()
+
     def sum_partial_gradients(self, params) -> None:
         """SP: parameters applied to one sequence shard hold partial sums of their gradient; add them up."""
         if self.sp:
@@ -91,98 +116,56 @@ class Composition(MeshDataParallel):
 
     def average_replica_gradients(self) -> None:
         """Average every gradient over the ranks that hold the same parameters: dp x cp."""
-        mesh = self.replica_mesh
-        if mesh.size() == 1:
-            return
-        with self.comm.blocked():
-            all_reduce_gradients(self.model.parameters(), mesh.get_group(), divide_by=mesh.size())
+        average_gradients(self.model.parameters(), self.replica_mesh, self.comm)
 
-    def mean_over_ranks_holding(self, losses: torch.Tensor, holders: int) -> torch.Tensor:
-        """Global-batch mean losses from the ranks' local means: a sum over the world (ranks that hold no
-        loss contribute zeros) divided by the number of ranks holding one per replica and shard."""
-        dist.all_reduce(losses)
-        return losses / holders
+    # --- 4. the optimizer step ---------------------------------------------------------------
+    def optimizer_step(self) -> None:
+        self.optimizer.step()  # every rank steps the parameters it holds (its TP shard, stages, FSDP2 shard)
 
-
-class ComposedPlan(Composition, Strategy):
-    """A plan without pipeline stages: dp (replicas or FSDP2) x cp x tp (+sp)."""
-
-    def wrap(self, model):
-        model = self.compose(model)
-        self.fsdp = self.options.get("dp_shard", "replicas") != "replicas"
-        if self.fsdp:
-            self._shard(model, reshard=self.options["dp_shard"] == "fsdp2_full")
-        self.partial_sum_params = [p for n, p in model.named_parameters() if n in self.partial_sum_names]
-        return model
-
-    def _shard(self, model, reshard: bool) -> None:
-        """FSDP2 over every rank that holds the same parameters, dp x cp (as the Plan's ZeRO group): each
-        keeps 1/(dp·cp) of its tp shard, and FSDP2's reduce-scatter averages the gradients over them."""
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if self.training["dtype"] == "bf16" else MixedPrecisionPolicy()
-        for block in transformer_blocks(model):
-            fully_shard(block, mesh=self.replica_mesh, reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(model, mesh=self.replica_mesh, reshard_after_forward=reshard, mp_policy=mp)
-
-    def autocast(self):
-        return contextlib.nullcontext() if self.fsdp else super().autocast()  # FSDP2 casts its gathered weights
-
-    def accumulating(self, last: bool):
-        if self.fsdp:
-            self.model.set_requires_gradient_sync(last)
-        return super().accumulating(last)
-
-    def position_ids(self, inputs):
-        return None if self.shard_positions is None else self.shard_positions.expand(inputs.shape[0], -1)
-
-    def sync_gradients(self) -> None:
-        self.sum_partial_gradients(self.partial_sum_params)
-        if not self.fsdp:  # FSDP2's reduce-scatter has averaged over dp x cp already
-            self.average_replica_gradients()
-
+    # --- losses, checkpoints, results ----------------------------------------------------------
     def reduce_losses(self, losses):
-        return self.mean_over_ranks_holding(losses.detach().float().clone(), self.dp_size * self.cp_size * self.tp_size)
+        """Global-batch mean losses from the ranks' local means: a sum over the world (ranks that hold no
+        loss, pipeline stages before the last, contribute zeros) divided by the number of ranks holding
+        one per replica and shard."""
+        holds_loss = self.pipeline is None or self.pipeline.holds_last
+        mine = losses.detach().float().clone() if holds_loss else torch.zeros_like(losses, dtype=torch.float32)
+        dist.all_reduce(mine)
+        return mine / (self.dp_size * self.cp_size * self.tp_size)
+
+    def resume_at(self, step):
+        if self.probe:
+            self.probe.resume_at(step)
+
+    def state_namespace(self):
+        coords = self.mesh.get_coordinate()
+        return "_".join(f"{dim}{c}" for dim, c in zip(self.mesh.mesh_dim_names, coords) if dim in ("pp", "tp"))
+
+    def whole_parameter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A parameter's TP shards gathered over `tp` (collective within the TP group)."""
+        if name not in self.parts.tp_shard_dims:
+            return tensor
+        chunks = [torch.empty_like(tensor) for _ in range(self.tp_size)]
+        dist.all_gather(chunks, tensor.contiguous(), group=self.mesh["tp"].get_group())
+        return torch.cat(chunks, dim=self.parts.tp_shard_dims[name])
 
     def full_state_dict(self):
-        """The whole model on the main rank: FSDP2 shards gathered over dp, then TP shards over tp."""
+        """The whole model on the main rank: pipeline stages gathered over the world, FSDP2 shards over
+        dp x cp, TP shards over tp."""
+        if self.pipeline:
+            return self.pipeline.full_state_dict(self.topo.is_main, self.whole_parameter)
         state = {}
         for name, p in self.model.named_parameters():
             tensor = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
             state[name] = self.whole_parameter(name, tensor).cpu().clone()
         return state if self.topo.is_main else None
 
-
-class ComposedPipeline(Composition, PipelineProbe, GPipe):
-    """A plan with pipeline stages: the TP/CP model cut into pp x v stages, each dp replica its own pipeline."""
-
-    def wrap(self, model):
-        model = self.compose(model)
-        fields = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
-        self.schedule_class, self.virtual_stages = SCHEDULES[fields["schedule"]], fields["virtual_stages"]
-        return super().wrap(model)
-
-    def pipeline_group(self):
-        pp = self.mesh["pp"]
-        return pp.get_group(), pp.get_local_rank(), pp.size()
-
-    def make_stage(self, model, units):
-        return NeoXStage(model, units, sequence_shards=self.tp_size if self.sp else 1, position_ids=self.shard_positions)
-
-    def build_schedule(self, stages):
-        if self.schedule_class is ScheduleInterleaved1F1B:
-            return ScheduleInterleaved1F1B(stages, self.n_microbatches, loss_fn=self.loss)
-        return self.schedule_class(stages[0], self.n_microbatches, loss_fn=self.loss)
-
-    def sync_gradients(self) -> None:
-        self.sum_partial_gradients([p for p in self.model.parameters() if getattr(p, "sequence_parallel", False)])
-        self.average_replica_gradients()
-
-    def reduce_losses(self, losses):
-        mine = losses.detach().float().clone() if self.holds_last else torch.zeros_like(losses, dtype=torch.float32)
-        return self.mean_over_ranks_holding(mine, self.dp_size * self.cp_size * self.tp_size)
+    def extra_metrics(self) -> dict:
+        if not self.pipeline:
+            return {}
+        self.probe.measure_after_training(self.zero_grad)
+        return {**self.pipeline.metrics(), **self.probe.metrics()}
 
 
 def composed_strategy(model, topo, training: dict, options: dict, name: str = "composed") -> Strategy:
-    """The registry's entry point: a pipeline run when the plan has stages, otherwise a single-stage one."""
-    cls = ComposedPipeline if options.get("pp", 1) > 1 else ComposedPlan
-    return cls(model, topo, training, options, name=name)
+    """The registry's entry point."""
+    return ComposedStrategy(model, topo, training, options, name=name)

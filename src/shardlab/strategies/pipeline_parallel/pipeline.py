@@ -1,21 +1,24 @@
 """Pipeline parallelism with torch.distributed.pipelining: GPipe, 1F1B and interleaved 1F1B.
 
-Each rank holds one stage (or `virtual_stages` of them, looped: rank r holds stages r, r+p, ...)
-of the hand-cut model (`stages.py`). The strategy owns micro-batching: the loop hands it the
-whole local batch, and `schedule.step` splits it into `n_microbatches`, runs forward/backward in
-the schedule's order and sends activations/gradients between neighbours (point-to-point, gloo or
-nccl). Each micro-batch's loss is a mean and the schedule divides gradients by the number of
-micro-batches (`scale_grads=True`), so gradients equal the whole-batch mean gradients.
+`build_pipeline` cuts a model into pp x v stages (`stages.py`, the cut of `costs.shapes.stage_units`)
+and returns this rank's share as a `Pipeline`: its stage modules (rank r holds stages r, r+p, ...)
+and the schedule that runs them. The schedule owns micro-batching: `Pipeline.step` hands it the
+whole local batch, and `schedule.step` splits it into `n_microbatches`, runs forward/backward in the
+schedule's order and sends activations/gradients between neighbours (point-to-point, gloo or nccl).
+Each micro-batch's loss is a mean and the schedule divides gradients by the number of micro-batches
+(`scale_grads=True`), so gradients equal the whole-batch mean gradients.
 
-Every rank sees the whole local batch: the first stage reads the tokens, the last the labels.
-Only the last stage knows the loss; `reduce_losses` shares it with every rank.
+Every rank sees the whole local batch: the first stage reads the tokens, the last the labels. Only
+the last stage knows the loss.
 
-This file is the technique only; what a pipeline run measures beyond the shared loop (its op
-timeline and live activations, for the bubble and per-stage memory) is `probe.PipelineProbe`,
-which the registered strategies (`strategies.py`) put around it.
+This file is the technique only: the strategies that run it are `measured.py` (alone),
+`hybrid_dp_pp.py` (with data parallelism) and `composed/` (with everything), and what a pipeline
+run measures beyond the shared loop is `probe.PipelineProbe`, which wraps a built `Pipeline`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -23,119 +26,98 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from shardlab.costs.shapes import stage_units
-from shardlab.strategies.base import Strategy, causal_lm_loss
-from shardlab.strategies.pipeline_parallel.options import DEFAULT_MICROBATCHES
+from shardlab.strategies.base import causal_lm_loss
 from shardlab.strategies.pipeline_parallel.stages import NeoXStage
 
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
-class GPipe(Strategy):
-    """GPipe: all micro-batches forward, then all backward; every stage holds m micro-batches' activations."""
 
-    schedule_class = ScheduleGPipe
-    virtual_stages = 1
+@dataclass
+class Pipeline:
+    """This rank's stages of a cut model, and the schedule that runs them over the pipeline group."""
 
-    # --- topology: which ranks form this rank's pipeline (the hybrid overrides this) --------
-    def pipeline_group(self):
-        """(process group, this rank's position in the pipeline, pipeline length)."""
-        return None, self.topo.rank, self.topo.world_size
+    modules: nn.ModuleList  # this rank's stage modules: what the optimizer steps
+    stages: list[PipelineStage]
+    group: object  # the pipeline's process group (None: the world)
+    rank: int  # this rank's position in the pipeline
+    size: int
+    n_stages: int
+    stage_ids: list[int]
+    stage_units: list[list]
+    n_microbatches: int
+    virtual_stages: int
+    hf_names: dict[int, str]  # id(parameter) -> its name in the unsplit model
+    schedule: object = None
+    loss_fn: object = field(default=causal_lm_loss)  # what `loss` computes (a probe may wrap it)
 
-    # Every rank sees the whole global batch: no data-parallel split.
-    dp_rank, dp_size = 0, 1
+    @property
+    def holds_first(self) -> bool:
+        return 0 in self.stage_ids
 
-    # --- set-up -------------------------------------------------------------------------
-    def wrap(self, model):
-        self.hf_names = {id(p): name for name, p in model.named_parameters()}  # before the stages rename them
-        self.pp_group, self.pp_rank, self.pp_size = self.pipeline_group()
-        self.n_microbatches = int(self.options.get("n_microbatches", DEFAULT_MICROBATCHES))
-        self.n_stages = self.pp_size * self.virtual_stages
-        units = stage_units(model.config.num_hidden_layers, self.n_stages)
-        self.stage_ids = [self.pp_rank + k * self.pp_size for k in range(self.virtual_stages)]
-        self.stage_units = [units[s] for s in self.stage_ids]
-        self.holds_first = 0 in self.stage_ids
-        self.holds_last = self.n_stages - 1 in self.stage_ids
-        modules = [self.make_stage(model, units[s]) for s in self.stage_ids]
-        stages = [self.pipeline_stage(module, s) for module, s in zip(modules, self.stage_ids)]
-        self.schedule = self.build_schedule(stages)
-        return nn.ModuleList(modules)
-
-    def make_stage(self, model, units: list) -> NeoXStage:
-        return NeoXStage(model, units)
-
-    def pipeline_stage(self, module: nn.Module, stage: int) -> PipelineStage:
-        return PipelineStage(module, stage, self.n_stages, self.topo.device, group=self.pp_group)
+    @property
+    def holds_last(self) -> bool:
+        return self.n_stages - 1 in self.stage_ids
 
     def loss(self, logits, labels):
-        return causal_lm_loss(logits, labels)
-
-    def build_schedule(self, stages):
-        return self.schedule_class(stages[0], self.n_microbatches, loss_fn=self.loss)
-
-    def state_namespace(self):
-        return f"stage_rank{self.pp_rank}"  # this rank's stages; data-parallel replicas of them share it
-
-    def whole_parameter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` as the unsplit model holds it (a composed run's TP shards are gathered here)."""
-        return tensor
-
-    def full_state_dict(self):
-        """The whole model on the main rank, under the Hugging Face names: each rank's stages gathered
-        (collective; data-parallel replicas send the same tensors, kept once)."""
-        mine = {}
-        for p in self.model.parameters():
-            name = self.hf_names[id(p)]
-            mine[name] = self.whole_parameter(name, p.detach()).cpu().clone()
-        everyone = [None] * dist.get_world_size() if self.topo.is_main else None
-        dist.gather_object(mine, everyone, dst=0)
-        return {name: t for part in everyone for name, t in part.items()} if self.topo.is_main else None
-
-    # --- one step -----------------------------------------------------------------------
-    def micro_batches(self, inputs, labels):
-        return [(inputs, labels)]  # the schedule cuts micro-batches itself
+        """The schedule's loss function: looked up on each call, so a wrapper set later takes effect."""
+        return self.loss_fn(logits, labels)
 
     def _schedule_args(self, inputs, labels):
         return ((inputs,) if self.holds_first else ()), (labels if self.holds_last else None)
 
-    def forward_backward(self, inputs, labels, scale):
-        """One schedule step: every micro-batch forward and backward in the schedule's order. The mean of
-        the micro-batch losses on the last stage, zero elsewhere."""
+    def step(self, inputs, labels, precision) -> torch.Tensor:
+        """One schedule step: every micro-batch forward and backward in the schedule's order, under
+        `precision` (bf16: every stage's forward under autocast, as one device runs). The mean of the
+        micro-batch losses on the last stage, zero elsewhere."""
         args, target = self._schedule_args(inputs, labels)
         losses: list[torch.Tensor] = []
-        with self.autocast():  # bf16: every stage's forward under autocast, as one device runs
+        with precision:
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         return torch.stack(losses).mean().detach() if losses else torch.zeros(())
 
     @torch.no_grad()
-    def evaluate(self, inputs, labels):
+    def evaluate(self, inputs, labels, precision) -> torch.Tensor:
         args, target = self._schedule_args(inputs, labels)
         losses: list[torch.Tensor] = []
-        with self.autocast():
+        with precision:
             self.schedule.eval(*args, target=target, losses=losses)
         return torch.stack(losses).mean() if losses else torch.zeros(())
 
-    def reduce_losses(self, losses):
-        """Every rank gets the global mean losses: the last stage of each data-parallel replica holds its
-        replica's means, the other ranks contribute zeros, and the sum over the world is divided by dp."""
-        losses = losses.detach().float().clone() if self.holds_last else torch.zeros_like(losses, dtype=torch.float32)
-        dist.all_reduce(losses)
-        return losses / self.dp_size
+    def full_state_dict(self, is_main: bool, whole_parameter=lambda name, tensor: tensor):
+        """The whole model on the main rank, under the Hugging Face names: each rank's stages gathered
+        (collective over the world; data-parallel replicas send the same tensors, kept once).
+        `whole_parameter` undoes any other split of a parameter (a composed run's TP shards)."""
+        mine = {}
+        for p in self.modules.parameters():
+            name = self.hf_names[id(p)]
+            mine[name] = whole_parameter(name, p.detach()).cpu().clone()
+        everyone = [None] * dist.get_world_size() if is_main else None
+        dist.gather_object(mine, everyone, dst=0)
+        return {name: t for part in everyone for name, t in part.items()} if is_main else None
 
-    def extra_metrics(self) -> dict:
-        return {"pp_schedule": type(self.schedule).__name__, "pp_size": self.pp_size,
+    def metrics(self) -> dict:
+        return {"pp_schedule": type(self.schedule).__name__, "pp_size": self.size,
                 "pp_virtual_stages": self.virtual_stages, "pp_n_microbatches": self.n_microbatches,
                 "pp_stage_ids": self.stage_ids, "pp_stage_units": [[str(u) for u in us] for us in self.stage_units]}
 
 
-class OneForwardOneBackward(GPipe):
-    """1F1B: after a warm-up of forwards, each stage alternates one forward and one backward, so stage s
-    holds at most p - s micro-batches' activations (same bubble as GPipe)."""
+def build_pipeline(model: nn.Module, group, rank: int, size: int, schedule: str, virtual_stages: int,
+                   n_microbatches: int, device: torch.device, make_stage=NeoXStage) -> Pipeline:
+    """Cut `model` into size x virtual_stages stages, keep this rank's (looped: r, r + size, ...), and build
+    the named schedule over them. `make_stage(model, units)` builds one stage module."""
+    hf_names = {id(p): name for name, p in model.named_parameters()}  # before the stages rename them
+    n_stages = size * virtual_stages
+    units = stage_units(model.config.num_hidden_layers, n_stages)
+    stage_ids = [rank + k * size for k in range(virtual_stages)]
+    modules = nn.ModuleList([make_stage(model, units[s]) for s in stage_ids])
+    stages = [PipelineStage(module, s, n_stages, device, group=group) for module, s in zip(modules, stage_ids)]
+    pipeline = Pipeline(modules, stages, group, rank, size, n_stages, stage_ids, [units[s] for s in stage_ids],
+                        n_microbatches, virtual_stages, hf_names)
+    pipeline.schedule = _schedule(schedule, stages, n_microbatches, pipeline.loss)
+    return pipeline
 
-    schedule_class = Schedule1F1B
 
-
-class Interleaved1F1B(GPipe):
-    """Interleaved 1F1B: each rank holds `virtual_stages` non-adjacent stages, shrinking the bubble v-fold."""
-
-    virtual_stages = 2
-
-    def build_schedule(self, stages):
-        return ScheduleInterleaved1F1B(stages, self.n_microbatches, loss_fn=self.loss)
+def _schedule(name: str, stages: list[PipelineStage], n_microbatches: int, loss_fn):
+    if name == "interleaved":  # the looped schedule takes all of this rank's stages
+        return ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=loss_fn)
+    return SCHEDULES[name](stages[0], n_microbatches, loss_fn=loss_fn)

@@ -1,5 +1,5 @@
 """What a pipeline run measures beyond the shared loop: per-stage busy time and live activations,
-recorded by `PipelineProbe` (a mixin the registered pipeline strategies put before the schedule).
+recorded by `PipelineProbe`, which wraps a built pipeline and the step that runs it.
 
 - `OpTimeline`: start/end of every forward, loss and backward op a rank computes during a schedule
   step, relative to the step's start (all ranks start together after a barrier). Idle time is the
@@ -114,121 +114,114 @@ class LiveSavedBytes:
         self._hooks.__exit__(*exc)
 
 
-class TimedStage(PipelineStage):
-    """A PipelineStage that timestamps each forward and backward chunk it computes."""
-
-    def __init__(self, *args, timeline: OpTimeline, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.timeline = timeline
-
-    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
-        return self.timeline.timed("forward", self.stage_index, fwd_chunk_id,
-                                   super().forward_one_chunk, fwd_chunk_id, *args, **kwargs)
-
-    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
-        return self.timeline.timed("backward", self.stage_index, bwd_chunk_id,
-                                   super().backward_one_chunk, bwd_chunk_id, *args, **kwargs)
+def time_chunks(stage: PipelineStage, timeline: OpTimeline) -> None:
+    """Wrap a built stage so that each forward and backward chunk it computes is timestamped."""
+    forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+    stage.forward_one_chunk = lambda chunk, *args, **kwargs: timeline.timed(
+        "forward", stage.stage_index, chunk, forward, chunk, *args, **kwargs)
+    stage.backward_one_chunk = lambda chunk, *args, **kwargs: timeline.timed(
+        "backward", stage.stage_index, chunk, backward, chunk, *args, **kwargs)
 
 
 class PipelineProbe:
-    """Mixin before a pipeline (`pipeline.GPipe` and its schedules) that records, on untimed steps only,
-    each rank's op timeline and live saved bytes, and reports the medians over them (`extra_metrics`):
-    the warm-up steps after the probe step, topped up to MEASURED_STEPS with extra steps after training.
-    Timed steps run the bare schedule, so a pipeline's step time compares fairly with every other
-    strategy's. A barrier aligns the stages' clocks at the start of each measured step."""
+    """Wraps a built `pipeline.Pipeline` and the step that runs it, and records, on untimed steps only,
+    the rank's op timeline and live saved bytes; `metrics` reports the medians over them: the warm-up
+    steps after the probe step, topped up to MEASURED_STEPS with extra steps after training. Timed
+    steps run the bare schedule, so a pipeline's step time compares fairly with every other strategy's.
+    A barrier aligns the stages' clocks at the start of each measured step.
 
-    def wrap(self, model):
+    The strategy that holds it routes its calls through it: `step` for each training step (`run_step(inputs,
+    labels)` runs the schedule once), `evaluated` before a validation, `resume_at` after a checkpoint."""
+
+    def __init__(self, pipeline, run_step, warmup_steps: int):
+        self.pipeline, self.run_step, self.warmup_steps = pipeline, run_step, warmup_steps
         self.timeline = OpTimeline()
-        self._calls = 0  # schedule steps run: the loop's step index (the schedule takes one whole batch per step)
-        self._probe_step = 0  # the loop's activation-probe step (0, or the first step after a resume)
-        self._live_peaks: list[int] = []
-        self._saved_totals: list[int] = []
-        self._instrumented_steps: list[int] = []  # loop step indices (>= training.steps: extra steps)
-        self._after_eval = False  # the last schedule call was an evaluation
-        return super().wrap(model)
+        for stage in pipeline.stages:
+            time_chunks(stage, self.timeline)
+        loss_fn = pipeline.loss_fn
+        pipeline.loss_fn = lambda logits, labels: self.timeline.timed("loss", pipeline.n_stages - 1, -1, loss_fn,
+                                                                      logits, labels)
+        self.calls = 0  # schedule steps run: the loop's step index (the schedule takes one whole batch per step)
+        self.probe_step = 0  # the loop's activation-probe step (0, or the first step after a resume)
+        self.live_peaks: list[int] = []
+        self.saved_totals: list[int] = []
+        self.instrumented_steps: list[int] = []  # loop step indices (>= training.steps: extra steps)
+        self.after_eval = False  # the last schedule call was an evaluation
+        self.last_batch = None
 
-    def pipeline_stage(self, module, stage):
-        return TimedStage(module, stage, self.n_stages, self.topo.device, group=self.pp_group, timeline=self.timeline)
+    def resume_at(self, step: int) -> None:
+        self.calls = self.probe_step = step
 
-    def loss(self, logits, labels):
-        return self.timeline.timed("loss", self.n_stages - 1, -1, super().loss, logits, labels)
-
-    def resume_at(self, step):
-        self._calls = self._probe_step = step
-        super().resume_at(step)
+    def evaluated(self) -> None:
+        self.after_eval = True
 
     def _instruments(self, step: int) -> bool:
         """Instrument only untimed steps: the warm-up steps after the probe step (the loop's ActivationProbe
         uses it, and saved-tensor hooks do not nest). Not a step right after an evaluation: switching the
         schedule from eval back to training re-runs its set-up (P2P warm-up, shape inference) inside that
         step, adding idle time and saved bytes."""
-        return self._probe_step < step < self.training["warmup_steps"] and not self._after_eval
+        return self.probe_step < step < self.warmup_steps and not self.after_eval
 
-    def forward_backward(self, inputs, labels, scale):
-        step = self._calls
-        self._calls += 1
-        self._last_batch = (inputs, labels)
-        return self._step(inputs, labels, scale, instrumented=self._instruments(step), step=step)
+    def step(self, inputs, labels):
+        """One training step of the loop, through the wrapped `run_step`."""
+        step = self.calls
+        self.calls += 1
+        self.last_batch = (inputs, labels)
+        return self._run(inputs, labels, instrumented=self._instruments(step), step=step)
 
-    def _step(self, inputs, labels, scale, instrumented: bool, step: int):
+    def _run(self, inputs, labels, instrumented: bool, step: int):
         """One schedule step; when `instrumented`, record its op timeline and live saved bytes."""
-        self._after_eval = False
+        self.after_eval = False
         if not instrumented:
-            return super().forward_backward(inputs, labels, scale)
-        tracker = LiveSavedBytes(self.model.parameters())
-        dist.barrier(group=self.pp_group)  # stages start the step together: timestamps share an origin
+            return self.run_step(inputs, labels)
+        tracker = LiveSavedBytes(self.pipeline.modules.parameters())
+        dist.barrier(group=self.pipeline.group)  # stages start the step together: timestamps share an origin
         self.timeline.begin_step()
         self.timeline.recording = True
         try:
             with tracker:
-                loss = super().forward_backward(inputs, labels, scale)
+                loss = self.run_step(inputs, labels)
         finally:
             self.timeline.recording = False
         self.timeline.end_step()
-        self._live_peaks.append(tracker.peak)
-        self._saved_totals.append(tracker.total)
-        self._instrumented_steps.append(step)
+        self.live_peaks.append(tracker.peak)
+        self.saved_totals.append(tracker.total)
+        self.instrumented_steps.append(step)
         return loss
 
-    def evaluate(self, inputs, labels):
-        self._after_eval = True
-        return super().evaluate(inputs, labels)
-
-    def _measure_after_training(self) -> None:
+    def measure_after_training(self, zero_grad) -> None:
         """Top the warm-up measurements up to MEASURED_STEPS with extra schedule steps on the last batch
-        after training (forward and backward only: no optimizer step, gradients dropped; untimed, and
-        after the loop has read peak memory)."""
-        missing = MEASURED_STEPS - len(self._instrumented_steps)
-        if missing <= 0 or not hasattr(self, "_last_batch"):
+        after training (forward and backward only: no optimizer step, gradients dropped by `zero_grad`;
+        untimed, and after the loop has read peak memory)."""
+        missing = MEASURED_STEPS - len(self.instrumented_steps)
+        if missing <= 0 or self.last_batch is None:
             return
-        steps = [self._calls + k for k in range(missing + self._after_eval)]
+        steps = [self.calls + k for k in range(missing + self.after_eval)]
         for k, step in enumerate(steps):  # after the final evaluation, one bare step re-sets up the schedule
-            self._step(*self._last_batch, 1.0, instrumented=k >= len(steps) - missing, step=step)
-            self.zero_grad()
+            self._run(*self.last_batch, instrumented=k >= len(steps) - missing, step=step)
+            zero_grad()
 
-    def extra_metrics(self) -> dict:
-        self._measure_after_training()
-        out = super().extra_metrics()
+    def metrics(self) -> dict:
+        """The medians over the measured steps (collective over the pipeline group); {} if none."""
         steps = self.timeline.steps
         if not steps:
-            return out
+            return {}
         # A step lasts until the slowest stage finishes; idle = span - this rank's compute.
         spans = torch.tensor([s["end_s"] for s in steps], dtype=torch.float64)
-        dist.all_reduce(spans, op=dist.ReduceOp.MAX, group=self.pp_group)
+        dist.all_reduce(spans, op=dist.ReduceOp.MAX, group=self.pipeline.group)
         busy = [self.timeline.busy_s(s) for s in steps]
         idle = [span - b for span, b in zip(spans.tolist(), busy)]
         last = steps[-1]
-        out.update(
+        return dict(
             pp_measured_steps=len(steps),
-            pp_instrumented_steps=list(self._instrumented_steps),
+            pp_instrumented_steps=list(self.instrumented_steps),
             pp_step_span_s=statistics.median(spans.tolist()),
             pp_busy_s=statistics.median(busy),
             pp_idle_fraction=statistics.median(i / s for i, s in zip(idle, spans.tolist())),
             pp_bubble_ratio=statistics.median(i / b for i, b in zip(idle, busy)),
-            pp_peak_live_activation_bytes=max(self._live_peaks),
-            pp_saved_activation_bytes=max(self._saved_totals),
+            pp_peak_live_activation_bytes=max(self.live_peaks),
+            pp_saved_activation_bytes=max(self.saved_totals),
             # One step's ops (for a timeline chart): [op, stage, micro-batch, start_s, end_s].
             pp_timeline=[[op, stage, mb, round(a, 6), round(b, 6)] for op, stage, mb, a, b in last["ops"]],
             pp_timeline_span_s=float(spans[-1]),
         )
-        return out

@@ -1,0 +1,100 @@
+"""`parallelize(model, mesh, plan)`: a composed Plan's techniques applied to a model, one function each,
+in one visible order on the named mesh `(pp, dp, cp, tp)`:
+
+1. tensor parallelism (+ sequence parallelism) inside each `tp` group (`tensor_parallel.parallelize_neox`);
+2. context parallelism: ring attention over each `cp` group, on a zig-zag shard of every sequence;
+3. with pp > 1, pipeline stages: the TP/CP model cut into pp x v stages, run by a schedule over `pp`;
+4. otherwise, with FSDP2 asked for, the model sharded over the ranks that replicate it (dp x cp).
+
+Data-parallel replicas need nothing applied: each dp rank trains on its own rows of the batch, and the
+strategy averages the replicas' gradients. Measurement is no part of this: a probe wraps what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AttentionInterface
+
+from shardlab.strategies.context_parallel import zigzag
+from shardlab.strategies.context_parallel.comms import Ring
+from shardlab.strategies.context_parallel.strategy import ATTENTION_NAME, make_ring_attention_forward
+from shardlab.strategies.pipeline_parallel.pipeline import Pipeline, build_pipeline
+from shardlab.strategies.pipeline_parallel.stages import NeoXStage
+from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
+from shardlab.strategies.zero.fsdp2 import transformer_blocks
+
+
+@dataclass
+class Parallelized:
+    """What the composed step needs from the parallelized model."""
+
+    module: nn.Module  # what the optimizer steps: the whole (TP/CP/FSDP2) model, or this rank's stage modules
+    pipeline: Pipeline | None  # with pp > 1: the stages and their schedule
+    fsdp: bool  # FSDP2 shards the model and averages its gradients over the replicas itself
+    shard_positions: torch.Tensor | None  # with cp: the global positions of this rank's zig-zag tokens
+    tp_shard_dims: dict[str, int]  # parameter name -> the dimension TP split it along
+    partial_sum_params: list  # SP: parameters applied to one sequence shard (gradients summed over tp)
+
+
+def parallelize(model: nn.Module, mesh, plan: dict, *, replicas, seq_len: int, dtype: str, device,
+                comm) -> Parallelized:
+    """Apply `plan`'s techniques to `model` on `mesh`, in order. `replicas` is the 1-D mesh of the ranks
+    that hold the same parameters (dp x cp); `comm` times the ring's sends."""
+    apply_tensor_parallel(model, mesh, plan)
+    positions = apply_context_parallel(model, mesh, plan, seq_len, device, comm)
+    tp_shard_dims = {n: p.tp_shard_dim for n, p in model.named_parameters() if hasattr(p, "tp_shard_dim")}
+    partial_sum_names = {n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)}
+    if plan["pp"] > 1:
+        pipeline = apply_pipeline(model, mesh, plan, positions, device)
+        partial = [p for p in pipeline.modules.parameters() if getattr(p, "sequence_parallel", False)]
+        return Parallelized(pipeline.modules, pipeline, False, positions, tp_shard_dims, partial)
+    fsdp = plan.get("framework") == "fsdp2"
+    if fsdp:
+        apply_fsdp(model, replicas, reshard=plan["zero"] == 3, dtype=dtype)
+    # By name: FSDP2 has replaced the parameters, and its DTensors do not carry TP's marks.
+    partial = [p for n, p in model.named_parameters() if n in partial_sum_names]
+    return Parallelized(model, None, fsdp, positions, tp_shard_dims, partial)
+
+
+def apply_tensor_parallel(model: nn.Module, mesh, plan: dict) -> None:
+    """Megatron's column/row split inside each `tp` group (+ SP), the logits gathered for a plain loss."""
+    if plan["tp"] > 1:
+        parallelize_neox(model, mesh["tp"].get_group(), plan["sp"], gather_logits=True)
+
+
+def apply_context_parallel(model: nn.Module, mesh, plan: dict, seq_len: int, device, comm) -> torch.Tensor | None:
+    """Ring attention over each `cp` group; returns this rank's zig-zag tokens' global positions (None
+    without cp)."""
+    if plan["cp"] == 1:
+        return None
+    ring = Ring(mesh["cp"].get_group(), timer=comm)
+    AttentionInterface.register(ATTENTION_NAME, make_ring_attention_forward(ring))
+    model.set_attn_implementation(ATTENTION_NAME)
+    return zigzag.positions(seq_len, ring.rank, ring.size).to(device).unsqueeze(0)
+
+
+def apply_pipeline(model: nn.Module, mesh, plan: dict, positions, device) -> Pipeline:
+    """The TP/CP model cut into pp x v stages over `pp`: a stage past the first receives one of tp sequence
+    shards under SP, and its tokens sit at the zig-zag `positions` under CP."""
+    pp = mesh["pp"]
+    shards = plan["tp"] if plan["sp"] else 1
+
+    def make_stage(whole, units):
+        return NeoXStage(whole, units, sequence_shards=shards, position_ids=positions)
+
+    return build_pipeline(model, pp.get_group(), pp.get_local_rank(), pp.size(), plan["schedule"],
+                          plan["virtual_stages"], plan["micro_batches"], device, make_stage=make_stage)
+
+
+def apply_fsdp(model: nn.Module, replicas, reshard: bool, dtype: str) -> None:
+    """FSDP2 over every rank that holds the same parameters, dp x cp (as the Plan's ZeRO group): each keeps
+    1/(dp·cp) of its tp shard, and FSDP2's reduce-scatter averages the gradients over them."""
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if dtype == "bf16" else MixedPrecisionPolicy()
+    for block in transformer_blocks(model):
+        fully_shard(block, mesh=replicas, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=replicas, reshard_after_forward=reshard, mp_policy=mp)
