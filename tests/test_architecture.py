@@ -206,3 +206,78 @@ def _quoted_names(code: str, names: set[str]) -> set[str]:
 def test_rules_and_report_name_no_strategy_or_experiment(path):
     code = _python_chunks(path) if path.suffix == ".qmd" else path.read_text()
     assert not _quoted_names(code, (set(REGISTRY) - set(TABLE_TOPICS)) | _experiment_names()), path
+
+
+# --- roles, not names: tables, captions and benchmarks ask the registry (strategies.roles) ------------
+ROLE_FREE = ("tables", "reporting", "bench")
+
+
+def _name_literals() -> set[str]:
+    """Strings that would name a strategy: every registered name, less those that are also a Plan field
+    (`"tp"` is the tensor-parallel degree as much as a strategy) or a table topic (`"composed"`)."""
+    from dataclasses import fields
+
+    from shardlab.costs.plan import Plan
+
+    return set(REGISTRY) - {f.name for f in fields(Plan)} - set(TABLE_TOPICS)
+
+
+def strategy_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every string constant in `source` equal to one of `names` (docstrings and f-string
+    text included: a name in prose is a name all the same)."""
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+
+
+@pytest.mark.parametrize("part", ROLE_FREE)
+def test_no_strategy_name_literal_in_tables_reporting_or_bench(part):
+    names = _name_literals()
+    found = [f"{path.relative_to(SRC)}:{line} {name!r}" for path in sorted((SRC / part).glob("*.py"))
+             for line, name in strategy_literals(path.read_text(), names)]
+    assert not found, "strategy names written out (ask shardlab.strategies.roles):\n" + "\n".join(found)
+
+
+def test_a_strategy_name_literal_is_caught():
+    """The scan above can fail: a table that picks the single device by name is reported, an axis is not."""
+    names = _name_literals()
+    table = 'REFERENCE = "single"\nAXES = ("dp", "tp")\n'
+    assert strategy_literals(table, names) == [(1, "single")]
+
+
+# --- one prediction per run: the runs step writes it (tables.rank_predictions), every other table reads it --
+PREDICTION_WRITER = "rank_predictions.py"
+# What costs.predict says about one rank of a run. Other names stay open to every table: `evaluate` (the
+# planner on a cluster the table chooses: a calibrated step time, a fit on a smaller device), `collectives`
+# (a run's calls), `Prediction` and `MEMORY_CATEGORIES`.
+PER_RANK_PREDICTIONS = {"rank_states", "stage_states", "rank_activations", "exact_tensors", "predicted_ranks"}
+
+
+def predictions_around_the_table(module: str, source: str) -> list[str]:
+    """Imports in table module `module` (a file name) that reach a per-rank prediction without the table:
+    the names above, or `costs.predict` as a module (every function behind one name)."""
+    if module == PREDICTION_WRITER:
+        return []
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "shardlab.costs.predict":
+            bad += [f"{module}: {a.name}" for a in node.names if a.name in PER_RANK_PREDICTIONS | {"*"}]
+        elif isinstance(node, ast.ImportFrom) and node.module == "shardlab.costs":
+            bad += [f"{module}: shardlab.costs.predict" for a in node.names if a.name == "predict"]
+        elif isinstance(node, ast.Import):
+            bad += [f"{module}: {a.name}" for a in node.names if a.name == "shardlab.costs.predict"]
+    return bad
+
+
+def test_tables_read_the_one_prediction_per_rank():
+    bad = [b for path in sorted((SRC / "tables").glob("*.py"))
+           for b in predictions_around_the_table(path.name, path.read_text())]
+    assert not bad, f"tables predicting a rank themselves (read {PREDICTION_WRITER}'s table):\n" + "\n".join(bad)
+
+
+def test_a_table_predicting_a_rank_itself_is_caught():
+    """The check above can fail: a table importing rank_states (or the whole module) is reported; the writer,
+    and a table asking the planner about a cluster, are not."""
+    own = "from shardlab.costs.predict import evaluate, rank_states\nfrom shardlab.costs import predict\n"
+    assert predictions_around_the_table("zero.py", own) == ["zero.py: rank_states", "zero.py: shardlab.costs.predict"]
+    assert predictions_around_the_table(PREDICTION_WRITER, own) == []
+    assert predictions_around_the_table("zero.py", "from shardlab.costs.predict import Prediction, evaluate\n") == []

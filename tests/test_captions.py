@@ -41,7 +41,7 @@ def test_the_science_caption_counts_metrics_beaten_beyond_noise():
 def test_the_science_weights_caption_names_identical_weights_failed_parity_and_metric_gaps():
     runs = pd.DataFrame({"experiment": ["science_biology"] * 2 + ["science_chemistry"] * 2,
                          "strategy": ["single", "ddp", "single", "tp"], "status": "ok",
-                         "weights": ["aa", "aa", "bb", "cc"]})
+                         "weights": ["aa", "aa", "bb", "cc"], "reference": "single"})
     parity = pd.DataFrame({"experiment": ["science_biology", "science_chemistry"], "strategy": ["ddp", "tp"],
                            "within_tolerance": [True, True], "max_loss_deviation": [0.0, 2e-7], "tolerance": [1e-3, 1e-3]})
     finals = pd.DataFrame({"experiment": ["science_chemistry"] * 2, "strategy": ["single", "tp"], "test_set": "test",
@@ -87,7 +87,7 @@ def test_the_offload_caption_says_which_rung_keeps_states_on_the_host():
 def test_the_tp_memory_caption_lists_the_categories_tp_holds_less_of():
     categories = {"param_bytes": "parameters", "activation_bytes": "activations"}
     memory = pd.DataFrame({"strategy": ["single", "tp"], "family": ["baseline", "tensor parallel"],
-                           "parameters": [100, 55], "activations": [80, 40]})
+                           "parameters": [100, 55], "activations": [80, 40], "reference": "single"})
     assert captions.tp_memory(memory, categories).startswith("tp holds less than one device in all 2 categories")
     memory.loc[1, "activations"] = 90
     assert captions.tp_memory(memory, categories).startswith("tp holds less than one device in 1 of 2 categories "
@@ -98,6 +98,8 @@ def test_the_context_caption_gives_each_run_its_ratio_against_one_over_c():
     ratios = pd.DataFrame({"strategy": ["cp_ring"], "seq_len": [32], "activation_ratio": [0.45], "expected_ratio": [0.5]})
     assert captions.cp_activations(ratios) == "cp_ring at 32 tokens holds 0.45× the reference's activations per rank (1/c = 0.50)."
     assert captions.cp_activations(ratios.assign(activation_ratio=0.9)).startswith("cp_ring at 32 tokens holds 0.90×")
+    assert captions.cp_activations(ratios.assign(predicted_ratio=0.52)).endswith(
+        "activations per rank (predicted 0.52, 1/c = 0.50).")
 
 
 def test_the_communication_caption_spans_the_least_and_most_communicating_runs():
@@ -139,7 +141,8 @@ def test_each_tp_run_is_compared_with_the_single_device_of_its_own_experiment():
     categories = {"param_bytes": "parameters"}
     memory = pd.DataFrame({"tp_experiment": ["a", "a", "b", "b"], "strategy": ["single", "tp", "single", "tp"],
                            "run": ["single (a)", "tp (a)", "single (b)", "tp (b)"],
-                           "family": ["baseline", "tensor parallel"] * 2, "parameters": [100, 55, 40, 30]})
+                           "family": ["baseline", "tensor parallel"] * 2, "parameters": [100, 55, 40, 30],
+                           "reference": "single"})
     assert captions.tp_memory(memory, categories).startswith("tp (a) and tp (b) hold less than one device in all 1")
     memory.loc[3, "parameters"] = 50  # less than a's single device, more than its own
     assert captions.tp_memory(memory, categories).startswith("tp (a) holds less than one device in all 1 categories; "

@@ -1,5 +1,5 @@
 """What each technique keeps where (tables.mechanisms): shares of the single-device amount per rank, from the
-cost model on each run's layout, for the family's most sharded run."""
+cost model on each run's layout (tables.rank_predictions), for the family's most sharded run."""
 
 import copy
 
@@ -7,7 +7,9 @@ import pytest
 
 from shardlab.study import load_study_file
 from shardlab.tables import TableInputs
-from shardlab.tables.mechanisms import mechanisms, strategies
+from shardlab.tables.mechanisms import mechanisms as mechanisms_of
+from shardlab.tables.mechanisms import strategies
+from shardlab.tables.rank_predictions import rank_predictions
 from shardlab.strategies import REGISTRY
 
 from helpers import REPO
@@ -16,6 +18,11 @@ from helpers import REPO
 @pytest.fixture(scope="module")
 def study():
     return load_study_file(REPO / "config/test.yaml", REPO).experiments
+
+
+def mechanisms(inputs: TableInputs):
+    """The table as the runs step builds it: from the runs' rows of `rank_predictions`."""
+    return mechanisms_of(inputs.summaries, rank_predictions(inputs))
 
 
 def _held(study, *runs):

@@ -15,7 +15,7 @@ COMPOSED_INPUTS = topic_inputs("composed")
 rule composed_tables:
     input:
         **COMPOSED_INPUTS,
-        tables=table_files("parity", "run_predictions", "run_prediction_ranking"),
+        tables=table_files("parity", "run_predictions", "run_prediction_ranking", "rank_predictions"),
     output:
         COMPOSED_TABLES,
     log:

@@ -20,7 +20,7 @@ CONTEXT_EXPERT_INPUTS = topic_inputs("context_expert") | {"experiments": [settin
 rule context_expert_tables:
     input:
         **CONTEXT_EXPERT_INPUTS,
-        tables=table_files("runs", "ranks"),
+        tables=table_files("runs", "ranks", "rank_predictions"),
     output:
         CONTEXT_EXPERT_TABLES,
     log:

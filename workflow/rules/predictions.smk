@@ -1,7 +1,7 @@
 # The planner on this study's own runs: every finished run's predicted memory and step time beside
 # what it measured, on this machine as calibrated by the DAG (logic: shardlab.tables.predictions).
 PREDICTION_TABLES = table_files("run_predictions", "run_prediction_ranking", "run_prediction_summary")
-PREDICTION_EVIDENCE = table_files("comm_fit") + TIMING_NOISE
+PREDICTION_EVIDENCE = table_files("comm_fit", "rank_predictions") + TIMING_NOISE
 
 
 rule run_predictions_tables:

@@ -1,5 +1,6 @@
 # Stage 4: every run's summary and step log -> the tidy tables of the report's main sections
-# (runs, steps, ranks, activations, parity). Logic: shardlab.tables.runs.
+# (runs, steps, ranks, activations, parity) and the cost model's prediction for every rank of every
+# run (rank_predictions: the one the other topics read). Logic: shardlab.tables.runs.
 
 # How small an error the parity check catches (config parity_sensitivity; absent: not measured): one
 # torchrun job training the injected-error cases of shardlab.bench.parity_sensitivity.
@@ -13,6 +14,7 @@ RUNS_TABLES = table_files(
     "steps",
     "ranks",
     "activations",
+    "rank_predictions",
     "parity",
     "parity_rule",
     "environments",

@@ -7,6 +7,7 @@ ZERO_TABLES = table_files("zero_memory", "zero_tree_check", "zero_plan", "zero_r
 rule zero_tables:
     input:
         **topic_inputs("zero"),
+        tables=table_files("rank_predictions"),
     output:
         ZERO_TABLES,
     log:

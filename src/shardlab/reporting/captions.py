@@ -83,16 +83,20 @@ def science_weights(runs: pd.DataFrame, parity_rows: pd.DataFrame, finals: pd.Da
     if not passed.all():
         head += "; failed: " + _listed([f"{r.experiment} {r.strategy}" for r in parity_rows[~passed].itertuples()])
     same, other = [], []
-    for experiment, g in runs[runs["status"] == "ok"].groupby("experiment", sort=False):
-        single = g[g["strategy"] == "single"]["weights"]
-        for r in g[g["strategy"] != "single"].itertuples():
+    ok = runs[runs["status"] == "ok"]
+    is_reference = ok["strategy"] == ok["reference"]  # the run the others are checked against
+    for experiment, g in ok.groupby("experiment", sort=False):
+        single = g[g["strategy"] == g["reference"]]["weights"]
+        for r in g[g["strategy"] != g["reference"]].itertuples():
             (same if len(single) and r.weights == single.iloc[0] else other).append((experiment, r.strategy))
     parts = [head]
     if same:
         parts.append("identical weights to the single device's (sha256): "
                      + _listed([f"{e.removeprefix('science_')} {s}" for e, s in same]))
     if other:
-        single = finals[finals["strategy"] == "single"][["experiment", "test_set", "metric", "value", "low", "high"]]
+        references = set(zip(ok["experiment"][is_reference], ok["strategy"][is_reference]))
+        of_reference = [(e, s) in references for e, s in zip(finals["experiment"], finals["strategy"])]
+        single = finals[of_reference][["experiment", "test_set", "metric", "value", "low", "high"]]
         pairs = finals.merge(single, on=["experiment", "test_set", "metric"], suffixes=("", "_single"))
         pairs = pairs[[(e, s) in other for e, s in zip(pairs["experiment"], pairs["strategy"])]]
         gap = (pairs["value"] - pairs["value_single"]).abs()
@@ -140,9 +144,12 @@ def tp_memory(memory: pd.DataFrame, categories: dict[str, str]) -> str:
     its experiment's single device."""
     groups: dict[tuple, list[str]] = {}
     for _, runs in memory.groupby(memory.get("tp_experiment", pd.Series("", index=memory.index)), sort=False):
-        reference = runs[runs["strategy"] == "single"]
-        for _, row in runs[runs["family"] == "tensor parallel"].iterrows() if len(reference) else []:
-            cut = tuple(name for name in categories.values() if row[name] < reference.iloc[0][name])
+        references = runs[runs["strategy"] == runs["reference"]].set_index("strategy")
+        for _, row in runs[runs["family"] == "tensor parallel"].iterrows():
+            if row["reference"] not in references.index:
+                continue
+            reference = references.loc[row["reference"]]
+            cut = tuple(name for name in categories.values() if row[name] < reference[name])
             groups.setdefault(cut, []).append(row.get("run", row["strategy"]))
     if not groups:
         return "Memory per rank by category (mean over ranks)."
@@ -154,9 +161,14 @@ def tp_memory(memory: pd.DataFrame, categories: dict[str, str]) -> str:
 
 
 def cp_activations(ratios: pd.DataFrame) -> str:
-    """cp_activation_ratio.csv: each context-parallel run's activation bytes per rank over its reference's."""
+    """cp_activation_ratio.csv: each context-parallel run's activation bytes per rank over its reference's, beside
+    the cost model's ratio (where the table has it) and the naive 1/c."""
+    def predicted(r) -> str:
+        value = getattr(r, "predicted_ratio", None)
+        return "" if value is None or pd.isna(value) else f"predicted {value:.2f}, "
+
     parts = [f"{r.strategy} at {r.seq_len:.0f} tokens holds {r.activation_ratio:.2f}× the reference's activations per "
-             f"rank (1/c = {r.expected_ratio:.2f})" for r in ratios.itertuples()]
+             f"rank ({predicted(r)}1/c = {r.expected_ratio:.2f})" for r in ratios.itertuples()]
     return ("; ".join(parts) or "No context-parallel run finished") + "."
 
 

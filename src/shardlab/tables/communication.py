@@ -43,6 +43,8 @@ from shardlab.costs.network import LINKS, MEASURED_LINK, Link, plan_seconds
 from shardlab.costs.shapes import ModelShape
 from shardlab.strategies import REGISTRY, get_spec
 from shardlab.tables import TableInputs
+from shardlab.tables.prediction_error import relative_error
+from shardlab.tables.rank_predictions import run_setting
 
 Plans = dict[tuple[str, str], "list[Call] | None"]
 
@@ -68,13 +70,12 @@ def run_world(run: dict, exp: dict | None) -> int | None:
     return None if world in (None, "auto") else int(world)
 
 
-def run_plan(run: dict, exp: dict, shape: ModelShape | None) -> list[Call] | None:
+def run_plan(run: dict, exp: dict, inputs: TableInputs) -> list[Call] | None:
     """The calls the run's Plan makes per step (`costs.predict.collectives`); None when the model shape is unknown."""
     world = run_world(run, exp)
-    if shape is None or world is None:
+    if inputs.model_shape(exp) is None or world is None:
         return None
-    spec = get_spec(run["strategy"])
-    return collectives(spec.run_model(shape, exp), spec.run_plan(exp, world), Workload.from_training(exp["training"]))
+    return collectives(*run_setting({"strategy": run["strategy"], "world_size": world}, exp, inputs))
 
 
 def run_plans(runs: pd.DataFrame, inputs: TableInputs) -> Plans:
@@ -83,7 +84,7 @@ def run_plans(runs: pd.DataFrame, inputs: TableInputs) -> Plans:
     for run in runs.to_dict("records"):
         exp = inputs.experiments.get(run["experiment"])
         if exp is not None:
-            plans[run["experiment"], run["strategy"]] = run_plan(run, exp, inputs.model_shape(exp))
+            plans[run["experiment"], run["strategy"]] = run_plan(run, exp, inputs)
     return plans
 
 
@@ -123,7 +124,7 @@ def _measured_row(run: dict, plan: list[Call] | None, models, fits: pd.DataFrame
     return {"experiment": run["experiment"], "strategy": run["strategy"], "world_size": int(run["world_size"]),
             "step_time_s": float(run["step_time_median_s"]), "bytes_per_rank": bytes_per_rank(plan),
             "comm_measured_s": measured, "comm_predicted_s": predicted, "comm_whole": whole,
-            "model_rel_err": predicted / measured - 1 if whole and predicted is not None and measured else None,
+            "model_rel_err": relative_error(measured, predicted) if whole and predicted is not None and measured else None,
             "tolerance_rel_err": _tolerance(plan, fits)}
 
 
@@ -154,7 +155,7 @@ def share_table(runs: pd.DataFrame, plans: Plans, fits: pd.DataFrame) -> pd.Data
                    predicted_share=None if predicted is None else min(predicted / step, 1.0))
         held_out = _training_ratio(rows, leave_out=row) if row["model_rel_err"] is not None else None
         if held_out is not None:
-            error = predicted * held_out / row["comm_measured_s"] - 1
+            error = relative_error(row["comm_measured_s"], predicted * held_out)
             row.update(training_ratio=held_out, calibrated_rel_err=error,
                        rel_err_within_tolerance=None if row["tolerance_rel_err"] is None
                        else abs(error) <= row["tolerance_rel_err"])

@@ -3,7 +3,7 @@ model's prediction for the run's Plan (the registry's), the runs' parity, and th
 
 - composed_ranks: per composed run and rank, its mesh coordinates, what it holds (pipeline stage
   units, tensor-parallel shard, context chunks, batch rows) and parameter, gradient, optimizer and
-  activation bytes measured vs predicted (`costs.predict.rank_states`, `rank_activations`), with errors.
+  activation bytes measured vs predicted (`rank_predictions`, the runs step's), with errors.
 - composed_runs: per composed run, its Plan, world size, parity (from `parity`) and the worst error
   over its ranks per quantity; `ranks_over_cores` says where ranks time-shared the cores (its timing is
   not a speed).
@@ -20,12 +20,12 @@ import math
 
 import pandas as pd
 
-from shardlab.costs.plan import Workload
-from shardlab.costs.predict import rank_activations, rank_states
-from shardlab.costs.shapes import stage_units
-from shardlab.strategies import REGISTRY
+from shardlab.strategies.roles import is_composed
 from shardlab.tables import TableInputs
-from shardlab.tables.predictions import GOALS_PCT, STATES, error_pct
+from shardlab.tables.prediction_error import error_pct
+from shardlab.tables.predictions import GOALS_PCT, STATES
+from shardlab.tables.rank_predictions import AXES, of_run
+from shardlab.tables.rank_predictions import read as read_predictions
 
 QUANTITIES = {"param_bytes": "model_states", "grad_bytes": "model_states", "optimizer_bytes": "model_states",
               "activation_bytes": "activations"}
@@ -35,47 +35,21 @@ RUN_COLUMNS = ["experiment", "strategy", "plan", "world_size", "ranks_over_cores
                "max_loss_deviation", "tolerance", "model_states_worst_error_pct", "activations_worst_error_pct"]
 
 
-def is_composed(strategy: str) -> bool:
-    return REGISTRY[strategy].plan is REGISTRY["composed"].plan
-
-
-def holdings(plan, coords: dict, layers: int) -> str:
-    """What a rank holds, in words: its stages' units, its TP shard, its context chunks."""
-    parts = []
-    if plan.pp > 1:
-        units = stage_units(layers, plan.pp * plan.virtual_stages)
-        stages = [coords["pp"] + k * plan.pp for k in range(plan.virtual_stages)]
-        parts += [f"stage {s}: {' '.join(map(str, units[s]))}" for s in stages]
-    else:
-        parts.append("all layers")
-    if plan.tp > 1:
-        parts.append(f"TP shard {coords['tp'] + 1}/{plan.tp}" + (" (+SP sequence shard)" if plan.sp else ""))
-    if plan.cp > 1:
-        parts.append(f"sequence chunks {coords['cp']} and {2 * plan.cp - 1 - coords['cp']} of {2 * plan.cp}")
-    if plan.framework == "fsdp2":  # sharded over every rank holding the same parameters: dp x cp
-        parts.append(f"FSDP2 shard {coords['dp'] * plan.cp + coords['cp'] + 1}/{plan.dp * plan.cp}")
-    if plan.dp > 1:
-        parts.append(f"batch rows {coords['dp'] + 1}/{plan.dp}")
-    return "; ".join(parts)
-
-
-def rank_rows(summary: dict, inputs: TableInputs) -> list[dict]:
-    exp = inputs.experiment(summary)
-    spec = REGISTRY[summary["strategy"]]
-    model = spec.run_model(inputs.model_shape(exp), exp)
-    plan = spec.run_plan(exp, summary["world_size"])
-    workload = Workload.from_training(exp["training"])
+def rank_rows(summary: dict, predictions: pd.DataFrame) -> list[dict]:
+    """Per rank of a finished composed run: where it sits, what it holds and its bytes, measured beside the
+    cost model's prediction (`rank_predictions`)."""
+    mine = of_run(predictions, summary["experiment"], summary["strategy"])
     rows = []
     for rank in summary["ranks"]:
-        coords = plan.coordinates(rank["rank"])
-        predicted = rank_states(model, plan, rank["rank"])
-        row = {"experiment": summary["experiment"], "strategy": summary["strategy"], "plan": plan.label(),
-               "rank": rank["rank"], **{f"{dim}_rank": c for dim, c in coords.items()}, "holds": holdings(plan, coords, model.num_layers)}
+        predicted = mine.loc[rank["rank"]]
+        row = {"experiment": summary["experiment"], "strategy": summary["strategy"], "plan": predicted["plan"],
+               "rank": rank["rank"], **{f"{axis}_rank": predicted[f"{axis}_rank"] for axis in AXES},
+               "holds": predicted["holds"]}
         for key in STATES:
-            row[f"measured_{key}"], row[f"predicted_{key}"] = rank[key], getattr(predicted, key)
+            row[f"measured_{key}"], row[f"predicted_{key}"] = rank[key], predicted[f"predicted_{key}"]
         # A pipeline's peak of live activations over its schedule; one forward's saved bytes elsewhere.
         row["measured_activation_bytes"] = rank.get("pp_peak_live_activation_bytes") or rank["activation_bytes"]
-        row["predicted_activation_bytes"] = rank_activations(model, plan, workload, rank["rank"])
+        row["predicted_activation_bytes"] = predicted["predicted_activation_bytes"]
         for key in QUANTITIES:
             row[f"{key.removesuffix('_bytes')}_error_pct"] = error_pct(row[f"measured_{key}"], row[f"predicted_{key}"])
         rows.append(row)
@@ -138,7 +112,8 @@ def plan_search_tables(inputs: TableInputs) -> dict[str, pd.DataFrame]:
 
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     composed = [s for s in inputs.summaries if is_composed(s["strategy"]) and s["status"] == "ok"]
-    ranks = pd.DataFrame([row for s in composed for row in rank_rows(s, inputs)])
+    predictions = read_predictions(inputs)
+    ranks = pd.DataFrame([row for s in composed for row in rank_rows(s, predictions)])
     parity = inputs.tables.get("parity", pd.DataFrame(columns=["experiment", "strategy"]))
     runs = run_rows(ranks, parity, composed) if composed else pd.DataFrame(columns=RUN_COLUMNS)
     return {"composed_ranks": ranks, "composed_runs": runs, "composed_worst": worst_rows(runs),

@@ -5,7 +5,8 @@
 - cp_activation: per finished run of those experiments, the mean activation bytes per rank (the
   chart's points) with a `run` label.
 - cp_activation_ratio: each context-parallel run against its registry reference in the same
-  experiment: activation bytes per rank over the reference's, next to the expected 1/c.
+  experiment: activation bytes per rank over the reference's, next to the naive 1/c (`expected_ratio`)
+  and the cost model's ratio (`predicted_ratio`, from `rank_predictions`).
 - expert_load: one row per (run, layer, expert) of every run that records expert routing:
   assignments routed to the expert, kept within capacity, dropped, and the processed/dropped
   shares of the layer's assignments.
@@ -23,6 +24,8 @@ import pandas as pd
 
 from shardlab.strategies import REGISTRY, Family
 from shardlab.tables import TableInputs
+from shardlab.tables.rank_predictions import of_run
+from shardlab.tables.rank_predictions import given as given_predictions
 
 CONTEXT, EXPERT, DATA = Family.CONTEXT_PARALLEL, Family.EXPERT_PARALLEL, Family.DATA_PARALLEL
 CP_COLUMNS = ["experiment", "strategy", "status", "seq_len", "global_batch_size", "cp_size", "rank",
@@ -30,7 +33,7 @@ CP_COLUMNS = ["experiment", "strategy", "status", "seq_len", "global_batch_size"
 CP_RUN_COLUMNS = ["experiment", "strategy", "seq_len", "cp_size", "run", "activation_bytes_per_rank", "tokens_per_s"]
 RATIO_COLUMNS = ["experiment", "strategy", "reference", "seq_len", "cp_size", "reference_activation_bytes",
                  "activation_bytes_per_rank", "activation_ratio", "expected_ratio", "reference_tokens_per_s",
-                 "tokens_per_s"]
+                 "tokens_per_s", "predicted_ratio"]
 LOAD_COLUMNS = ["experiment", "strategy", "world_size", "layer", "expert", "routed", "kept", "dropped", "routed_share",
                 "processed_share", "dropped_share"]
 SHARE_COLUMNS = ["experiment", "strategy", "world_size", "layer", "expert", "fate", "share"]
@@ -75,8 +78,15 @@ def cp_per_run(memory: pd.DataFrame) -> pd.DataFrame:
     return per[CP_RUN_COLUMNS]
 
 
-def cp_ratio(per: pd.DataFrame) -> pd.DataFrame:
-    """Each context-parallel run over its registry reference of the same experiment."""
+def predicted_per_rank(predictions: pd.DataFrame, experiment: str, strategy: str) -> float | None:
+    """The cost model's activation bytes of a run, mean over its ranks (`rank_predictions`)."""
+    mine = of_run(predictions, experiment, strategy)
+    return mine["predicted_activation_bytes"].mean() if len(mine) else None
+
+
+def cp_ratio(per: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
+    """Each context-parallel run over its registry reference of the same experiment, measured and as the
+    cost model predicts it."""
     rows = []
     for _, run in per[per["strategy"].map(_family) == CONTEXT].iterrows():
         reference = REGISTRY[run["strategy"]].reference
@@ -84,12 +94,16 @@ def cp_ratio(per: pd.DataFrame) -> pd.DataFrame:
         if ref.empty:
             continue
         ref = ref.iloc[0]
+        predicted = predicted_per_rank(predictions, run["experiment"], run["strategy"])
+        predicted_ref = predicted_per_rank(predictions, run["experiment"], reference)
         rows.append({"experiment": run["experiment"], "strategy": run["strategy"], "reference": reference,
                      "seq_len": run["seq_len"], "cp_size": run["cp_size"],
                      "reference_activation_bytes": ref["activation_bytes_per_rank"],
                      "activation_bytes_per_rank": run["activation_bytes_per_rank"],
                      "activation_ratio": run["activation_bytes_per_rank"] / ref["activation_bytes_per_rank"],
-                     "expected_ratio": 1 / run["cp_size"], "reference_tokens_per_s": ref["tokens_per_s"],
+                     "expected_ratio": 1 / run["cp_size"],
+                     "predicted_ratio": predicted / predicted_ref if predicted and predicted_ref else None,
+                     "reference_tokens_per_s": ref["tokens_per_s"],
                      "tokens_per_s": run["tokens_per_s"]})
     return pd.DataFrame(rows, columns=RATIO_COLUMNS)
 
@@ -180,5 +194,5 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     memory = cp_memory(inputs)
     per_run = cp_per_run(memory)
     load = pd.DataFrame([row for s in inputs.summaries for row in load_rows(s)], columns=LOAD_COLUMNS)
-    return {"cp_memory": memory, "cp_activation": per_run, "cp_activation_ratio": cp_ratio(per_run),
+    return {"cp_memory": memory, "cp_activation": per_run, "cp_activation_ratio": cp_ratio(per_run, given_predictions(inputs)),
             "expert_load": load, "expert_load_shares": load_shares(load), "moe_dense": moe_dense(inputs)}

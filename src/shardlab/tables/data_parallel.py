@@ -26,10 +26,11 @@ import pandas as pd
 from shardlab.core.step_stats import run_to_run_sigma, throughput_ratio, timed_times, with_run_noise
 from shardlab.costs.alpha_beta import models_from_table
 from shardlab.costs.network import plan_seconds
-from shardlab.costs.plan import Workload
 from shardlab.costs.predict import collectives
 from shardlab.strategies import REGISTRY
+from shardlab.strategies.roles import hand_written_data_parallel
 from shardlab.tables import TableInputs
+from shardlab.tables.rank_predictions import run_setting
 
 TOPIC = "data_parallel"
 THROUGHPUT_COLUMNS = ["experiment", "strategy", "family", "reference", "twin", "status", "world_size", "compute",
@@ -41,7 +42,7 @@ PAIR_COLUMNS = ["experiment", "family", "strategy", "other", "tokens_per_s", "ot
 BUCKET_COLUMNS = ["experiment", "bucket_mb", "buckets", "tokens_per_s", "step_time_median_s", "comm_exposed_s",
                   "comm_predicted_s", "latency_predicted_s", "ddp_tokens_per_s", "ratio_to_ddp", "ratio_to_ddp_low",
                   "ratio_to_ddp_high", "ratio_to_ddp_noise_low", "ratio_to_ddp_noise_high"]
-BUCKETED, PRODUCTION = "dp_interleaved", "ddp"
+BUCKETED, PRODUCTION = hand_written_data_parallel(bucketed=True)  # the bucket sweep and its yardstick
 COMM_COLUMNS = ["experiment", "strategy", "status", "step", "timed", "comm_time_s", "step_time_s", "comm_fraction"]
 
 
@@ -162,7 +163,7 @@ def bucket_rows(inputs: TableInputs, times: dict) -> pd.DataFrame:
         if strategy != BUCKETED or run["status"] != "ok" or shape is None:
             continue
         spec = REGISTRY[strategy]
-        plan = collectives(shape, spec.run_plan(exp, run["world_size"]), Workload.from_training(exp["training"]))
+        plan = collectives(*run_setting(run, exp, inputs))
         ddp = _rate(by_run.get((experiment, PRODUCTION)))
         low, high = interval(times, experiment, strategy, PRODUCTION)
         ratio = _ratio(run["tokens_per_s"], ddp)

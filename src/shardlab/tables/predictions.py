@@ -8,8 +8,9 @@ this machine as calibrated by the DAG itself:
 - collectives: the communication benchmark's alpha-beta fit (`comm_fit`); nothing overlaps on CPU.
 The calibration runs are marked; every other run is a prediction.
 
-- run_predictions: per run, the fullest rank's model-state and activation bytes and the step time,
-  measured vs predicted, with the errors.
+- run_predictions: per run, the fullest rank's model-state and activation bytes (predicted: the runs
+  step's `rank_predictions`) and the step time, measured vs predicted, with the signed errors
+  (`tables.prediction_error`).
 - run_prediction_ranking: per experiment, the step-time error of the predicted runs and how well
   the predicted step times order the runs: Spearman's rho, and over the pairs whose measured
   difference exceeds the run-to-run noise (`timing_noise`; 95 %), how many the prediction orders
@@ -27,22 +28,19 @@ import pandas as pd
 
 from shardlab.core.step_stats import run_to_run_sigma
 from shardlab.costs.alpha_beta import models_from_table
-from shardlab.costs.plan import Cluster, Plan, Workload
-from shardlab.costs.predict import Prediction, evaluate, rank_activations, rank_states
+from shardlab.costs.plan import Cluster
+from shardlab.costs.predict import Prediction, evaluate
+from shardlab.science.measures import spearman
 from shardlab.strategies import REGISTRY, Family
 from shardlab.tables import TableInputs
+from shardlab.tables.prediction_error import error_pct
+from shardlab.tables.rank_predictions import of_run, run_setting
+from shardlab.tables.rank_predictions import read as read_predictions
 
 MACHINE = "CPU (calibrated)"
 STACK = "shardlab"  # this project's runner (costs/stacks.yaml)
 GOALS_PCT = {"model_states": 1.0, "activations": 10.0}  # step time is judged per experiment (ranking table)
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
-
-
-def run_setting(summary: dict, exp: dict, inputs: TableInputs) -> tuple:
-    """(model shape, plan, workload) of a finished run as the cost model sees it (the registry's Plan)."""
-    spec = REGISTRY[summary["strategy"]]
-    model = spec.run_model(inputs.model_shape(exp), exp)
-    return model, spec.run_plan(exp, summary["world_size"]), Workload.from_training(exp["training"])
 
 
 def this_machine(world: int, collectives: dict, fp32_tflops: float = 1.0) -> Cluster:
@@ -61,15 +59,10 @@ def calibrated_tflops(reference: dict, setting: tuple, collectives: dict) -> flo
     return unit.time["compute"] / max(reference["step_time_median_s"] - other, 1e-9)
 
 
-def predicted_memory(model, plan: Plan, workload: Workload) -> tuple[float, float]:
-    """(model-state bytes, activation bytes) of the fullest rank."""
-    ranks = range(plan.world)
-    return (max(rank_states(model, plan, r).total_bytes for r in ranks),
-            max(rank_activations(model, plan, workload, r) for r in ranks))
-
-
-def error_pct(measured, predicted) -> float:
-    return 100 * (predicted - measured) / measured if measured else math.nan
+def predicted_memory(predictions: pd.DataFrame, summary: dict) -> tuple[float, float]:
+    """(model-state bytes, activation bytes) of the run's fullest rank, from `rank_predictions`."""
+    mine = of_run(predictions, summary["experiment"], summary["strategy"])
+    return mine["predicted_model_state_bytes"].max(), mine["predicted_activation_bytes"].max()
 
 
 def concurrency(inputs: TableInputs) -> tuple[dict[int, float], set]:
@@ -104,6 +97,7 @@ def prediction_rows(inputs: TableInputs, collectives: dict) -> list[dict]:
     ok = [s for s in inputs.summaries if s["status"] == "ok"]
     by_run = {(s["experiment"], s["strategy"]): s for s in ok}
     factors, calibration = concurrency(inputs)
+    predictions = read_predictions(inputs)
     rows = []
     for s in ok:
         exp = inputs.experiment(s)
@@ -120,7 +114,7 @@ def prediction_rows(inputs: TableInputs, collectives: dict) -> list[dict]:
             rows.append({"experiment": s["experiment"], "strategy": s["strategy"], "plan": plan.label(), "why": p,
                          "is_calibration_run": False})
             continue
-        states, activations = predicted_memory(model, plan, workload)
+        states, activations = predicted_memory(predictions, s)
         measured_states = max(sum(r[k] for k in STATES) for r in s["ranks"])
         # Pipelines record their peak live activations over the schedule; one forward's saved bytes elsewhere.
         measured_act = max(r.get("pp_peak_live_activation_bytes") or r.get("activation_bytes") or 0 for r in s["ranks"])
@@ -152,8 +146,7 @@ def ranking_rows(rows: pd.DataFrame, sigma: float) -> list[dict]:
         out.append({"experiment": experiment, "runs": len(group),
                     "step_time_mean_abs_error_pct": errors.mean() if len(errors) else math.nan,
                     "step_time_worst_abs_error_pct": errors.max() if len(errors) else math.nan,
-                    "step_time_spearman_rho": pd.Series(measured).rank().corr(pd.Series(predicted).rank())
-                    if len(group) >= 3 else math.nan,
+                    "step_time_spearman_rho": spearman(measured, predicted),
                     "step_time_noise_sigma": sigma, "step_time_pairs": len(group) * (len(group) - 1) // 2,
                     "step_time_pairs_beyond_noise": decidable, "step_time_pairs_ordered_as_measured": concordant})
     return out

@@ -4,7 +4,9 @@
 - steps: one row per run step (loss, step time, tokens/s, communication time, validation loss, and
   `timed`: whether it counts in the run's step-time statistics, `core.step_stats`)
 - ranks: one row per run rank: measured parameter/gradient/optimizer/activation bytes, peak, extras,
-  and the registry's model-state prediction beside them (`predicted_*_bytes`)
+  and the cost model's model-state prediction beside them (`predicted_*_bytes`, from rank_predictions)
+- rank_predictions: the cost model's per-rank prediction of every run, the one the other topics read
+  (`tables.rank_predictions`)
 - activations: one row per run rank module (bytes saved for backward)
 - parity: one row per parallel run: its largest loss deviation from its reference run (same
   experiment) against the rounding tolerance of `tables.parity` (a bound, or its measured noise floor)
@@ -22,14 +24,13 @@ import json
 import pandas as pd
 
 from shardlab.core.step_stats import timed_steps
-from shardlab.costs.predict import rank_states
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 from shardlab.tables.mechanisms import mechanisms, strategies
 from shardlab.tables.parity import parity_rows, rule_rows, sensitivity_rows
+from shardlab.tables.rank_predictions import STATES, of_run, rank_predictions
 
 RUN_KEYS = ("experiment", "strategy", "status")
-STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 
 
 def _scalars(d: dict, prefix: str = "") -> dict:
@@ -45,21 +46,16 @@ def _scalars(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def predicted_states(summary: dict, inputs: TableInputs) -> list[dict]:
-    """The cost model's per-rank model-state prediction for a finished run's Plan ([] when it cannot say)."""
-    exp = inputs.experiments.get(summary.get("experiment"))
-    if not exp or summary.get("status") != "ok":
-        return []
-    shape = inputs.model_shape(exp)
-    if shape is None:
-        return []
-    spec = REGISTRY[summary["strategy"]]
-    plan, model = spec.run_plan(exp, summary["world_size"]), spec.run_model(shape, exp)
-    return [{f"predicted_{key}": getattr(rank_states(model, plan, r), key) for key in STATES}
-            for r in range(summary["world_size"])]
+def predicted_states(summary: dict, predictions: pd.DataFrame) -> dict[int, dict]:
+    """A finished run's predicted model states by rank (`predicted_*`), from `rank_predictions`."""
+    if summary.get("status") != "ok":
+        return {}
+    mine = of_run(predictions, summary.get("experiment"), summary.get("strategy"))
+    return {rank: {f"predicted_{key}": row[f"predicted_{key}"] for key in STATES} for rank, row in mine.iterrows()}
 
 
-def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], list[dict], list[dict]]:
+def run_tables(summary: dict, inputs: TableInputs,
+               predictions: pd.DataFrame) -> tuple[dict, list[dict], list[dict], list[dict]]:
     summary = dict(summary)
     key = {k: summary.get(k) for k in RUN_KEYS}
     ranks = summary.pop("ranks", []) or []
@@ -69,12 +65,12 @@ def run_tables(summary: dict, inputs: TableInputs) -> tuple[dict, list[dict], li
     steps = [dict(s, timed=s["step"] in timed) for s in steps]
     spec = REGISTRY.get(summary.get("strategy"))
     run = dict(_scalars(summary), topic=spec and spec.topic, reference=spec and spec.reference)
-    predicted = predicted_states(summary, inputs)
+    predicted = predicted_states(summary, predictions)
     rank_rows, activation_rows = [], []
-    for i, rank in enumerate(ranks):
+    for rank in ranks:
         rank = dict(rank)
         by_module = rank.pop("activation_by_module", {}) or {}
-        rank_rows.append(dict(key, **_scalars(rank), **(predicted[i] if i < len(predicted) else {})))
+        rank_rows.append(dict(key, **_scalars(rank), **predicted.get(rank["rank"], {})))
         activation_rows += [dict(key, rank=rank["rank"], module=m, bytes=b) for m, b in by_module.items()]
     return run, [dict(key, **s) for s in steps], rank_rows, activation_rows
 
@@ -121,9 +117,10 @@ def experiments(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
+    predictions = rank_predictions(inputs)
     runs, steps, ranks, activations = [], [], [], []
     for summary in inputs.summaries:
-        r, s, k, a = run_tables(summary, inputs)
+        r, s, k, a = run_tables(summary, inputs, predictions)
         runs.append(r)
         steps += s
         ranks += k
@@ -140,7 +137,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
         tables["parity_sensitivity"] = sensitivity_rows(inputs.tables["parity_sensitivity_losses"], inputs.experiments)
     tables["environments"] = environments(tables["runs"])
     tables["experiments"] = experiments(tables["runs"])
-    tables["strategies"], tables["mechanisms"] = strategies(), mechanisms(inputs)
+    tables["rank_predictions"] = predictions
+    tables["strategies"], tables["mechanisms"] = strategies(), mechanisms(inputs.summaries, predictions)
     ok = int((tables["runs"]["status"] == "ok").sum()) if len(runs) else 0
     print(f"aggregated {len(runs)} runs ({ok} ok, {len(runs) - ok} failed/oom)")
     return tables

@@ -6,7 +6,8 @@ evaluation (`science_metrics.<experiment>.csv`, from `shardlab.science.evaluate`
 
 - science_curves: one row per validation point (experiment, domain, strategy, step, elapsed_s, val_loss)
 - science_runs: one row per run (status, tokens/s, step time, peak memory, final validation loss,
-  the domain's target validation loss and the time each run took to reach it, and its saved weights' digest)
+  the domain's target validation loss and the time each run took to reach it, its saved weights' digest and
+  its registry reference, the run it is checked against)
 - science_metrics: the evaluators' rows of each run's final model (value, baseline, their bootstrap intervals)
 - science_fine_tuning: each final model's metrics against the base model's on the same test rows (the
   paired difference's interval: what fine-tuning changed)
@@ -29,11 +30,12 @@ from shardlab.science.evaluate import BASE_MODEL
 from shardlab.science.evaluate import COLUMNS as METRIC_COLUMNS
 from shardlab.science.formats import FORMATS
 from shardlab.science.tokenization import TABLE_PREFIX
+from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 
 RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_size", "steps", "tokens_per_s",
                "step_time_median_s", "peak_bytes_max_rank", "peak_kind", "final_val_loss", "target_val_loss",
-               "time_to_target_s", "weights"]
+               "time_to_target_s", "weights", "reference"]
 CURVE_COLUMNS = ["experiment", "domain", "strategy", "step", "elapsed_s", "val_loss"]
 PUBLISHED = Path(__file__).parents[1] / "science" / "published.yaml"
 PUBLISHED_COLUMNS = ["domain", "metric", "test_set", "value", "low", "high", "runs", "better", "published", "unit", "model",
@@ -72,6 +74,7 @@ def run_row(exp: dict, domain: str, summary: dict) -> dict:
         "peak_bytes_max_rank": max((r.get("peak_bytes") or 0 for r in ranks), default=None),
         "peak_kind": ranks[0].get("peak_kind") if ranks else None,
         "final_val_loss": summary.get("final_val_loss"),
+        "reference": REGISTRY[summary["strategy"]].reference,
     }
 
 

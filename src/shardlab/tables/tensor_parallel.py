@@ -11,7 +11,8 @@
 - tp_twins: per hand-written strategy, its throughput over its production twin's, against the goal.
 - tp_memory_categories: per run, the mean over ranks of parameter, gradient, optimizer and
   activation bytes, for the TP experiment's runs and for the runs of every other experiment with
-  the same model and training settings (one run per strategy; ranks from the `ranks` table).
+  the same model and training settings (one run per strategy; ranks from the `ranks` table), with
+  each run's registry reference (the row its run is held against).
 
 The sequence length, the micro-batch the probe measured on a rank and the model's sizes come from
 each run's experiment and model record (`TableInputs`).
@@ -25,6 +26,7 @@ from shardlab.costs.activations import comparison_rows
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 from shardlab.tables.data_parallel import of_topic, step_times, throughput_rows
+from shardlab.tables.rank_predictions import run_setting
 
 TOPIC = "tensor_parallel"
 TWIN_GOAL = 0.95  # the study's goal: a hand-written strategy reaches 95 % of its production twin's throughput
@@ -35,7 +37,7 @@ BYTES = ["measured_bytes", "paper_formula_bytes", "model_formula_bytes"]
 TWIN_COLUMNS = ["experiment", "strategy", "twin", "tokens_per_s", "twin_tokens_per_s", "ratio_to_twin",
                 "ratio_to_twin_low", "ratio_to_twin_high", "goal_ratio", "goal_met"]
 CATEGORIES = ["param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"]
-MEMORY_COLUMNS = ["tp_experiment", "experiment", "strategy", "family", "topic", "run", "ranks", *CATEGORIES]
+MEMORY_COLUMNS = ["tp_experiment", "experiment", "strategy", "family", "topic", "run", "ranks", *CATEGORIES, "reference"]
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -49,7 +51,7 @@ def activation_rows(summary: dict, inputs: TableInputs) -> list[dict]:
     shape = inputs.model_shape(exp)
     if shape is None:
         raise ValueError(f"no model shape for {exp['model']['name']}: its model record has no 'shape'")
-    plan = REGISTRY[summary["strategy"]].run_plan(exp, summary["world_size"])
+    _, plan, _ = run_setting(summary, exp, inputs)
     split = plan.activation_split
     # What the activation probe saw: one micro-batch on one rank, stored at the run's precision.
     dims = {"s": exp["training"]["seq_len"], "b": plan.micro_batch, "h": shape.hidden_size, "a": shape.num_heads,
@@ -113,7 +115,8 @@ def memory_rows(tp_experiment: str, inputs: TableInputs) -> list[dict]:
         spec = REGISTRY[strategy]
         rows.append({"tp_experiment": tp_experiment, "experiment": experiment, "strategy": strategy,
                      "family": spec.family, "topic": spec.topic, "run": f"{strategy} ({experiment})",
-                     "ranks": int(counts[(experiment, strategy)]), **table.loc[(experiment, strategy)].to_dict()})
+                     "ranks": int(counts[(experiment, strategy)]), **table.loc[(experiment, strategy)].to_dict(),
+                     "reference": spec.reference})
     return rows
 
 

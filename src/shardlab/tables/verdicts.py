@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from shardlab.core.step_stats import run_to_run_sigma, throughput_ratio, with_run_noise
-from shardlab.strategies import NOISE_RUNS, REGISTRY, Family
+from shardlab.strategies import NOISE_RUNS
+from shardlab.strategies.roles import hand_written_data_parallel, the_reference, tp_pair, zero_ladder
 from shardlab.tables import TableInputs
 from shardlab.tables.runs import compute_units, unequal_compute
 
@@ -37,28 +38,10 @@ STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_
 
 
 
-def plain_ladder() -> tuple[str, ...]:
-    """DeepSpeed's rungs that keep everything on the device, by ZeRO stage: the least sharding first,
-    the most last (roles resolved from the registry's Plan fields, not from names)."""
-    rungs = {name: spec.plan_fields(2, {}) for name, spec in REGISTRY.items() if spec.family == Family.ZERO}
-    plain = {n: f["zero"] for n, f in rungs.items() if f["framework"] == "deepspeed" and f.get("offload", "none") == "none"}
-    return tuple(sorted(plain, key=plain.get))
-
-
-def hand_written_pair(kind: str) -> tuple[str, str]:
-    """(the hand-written data-parallel strategy of `kind`, its production twin): "naive" is the one
-    whose plan all-reduces once, "interleaved" the one that buckets by layer."""
-    for name, spec in REGISTRY.items():
-        if spec.family == Family.DATA_PARALLEL and spec.twin:
-            bucketed = spec.plan_fields(2, {}).get("grad_bucket_mb") is not None
-            if bucketed == (kind == "interleaved"):
-                return name, spec.twin
-    raise LookupError(f"no hand-written {kind} data-parallel strategy in the registry")
-
-
-LADDER = plain_ladder()
-NAIVE, PRODUCTION = hand_written_pair("naive")
-INTERLEAVED, _ = hand_written_pair("interleaved")
+LADDER = zero_ladder()
+NAIVE, PRODUCTION = hand_written_data_parallel(bucketed=False)
+INTERLEAVED, _ = hand_written_data_parallel(bucketed=True)
+TP, TP_SP = tp_pair()
 # (claim, statement, faster strategy, slower strategy): "faster beats slower in tokens/s".
 SPEED_CLAIMS = [
     ("1a", "Interleaved data parallelism beats naive data parallelism in throughput", INTERLEAVED, NAIVE),
@@ -155,21 +138,22 @@ def tp_memory_rows(tp: pd.DataFrame | None) -> list[dict]:
         return [_row(c, s, None, "bytes per rank", None, UNDECIDED, "no tensor-parallel experiment ran")
                 for c, s in (("3", tp_all), ("4", sp_less))]
     rows = []
+    single = the_reference()
     for exp, g in tp.groupby("tp_experiment"):
         by = g.groupby("strategy")[list(STATE_CATEGORIES)].max()
-        if {"single", "tp"} <= set(by.index):
-            held = by.loc["single"] > 0  # e.g. SGD keeps no optimizer state: nothing there to reduce
-            ratios = by.loc["tp", held] / by.loc["single", held]
+        if {single, TP} <= set(by.index):
+            held = by.loc[single] > 0  # e.g. SGD keeps no optimizer state: nothing there to reduce
+            ratios = by.loc[TP, held] / by.loc[single, held]
             evidence = ", ".join(f"{c.removesuffix('_bytes')} {r:.2f}" for c, r in ratios.items())
             verdict = UNDECIDED if not held.all() else SUPPORTED if (ratios < 1).all() else CONTRADICTED
             if not held.all():
-                evidence += "; single holds no " + " or ".join(c.removesuffix("_bytes") for c in held.index[~held])
-            rows.append(_row("3", tp_all, exp, "tp / single bytes per rank, largest category", ratios.max(), verdict,
-                             f"tp / single: {evidence}"))
-        if {"tp", "tp_sp"} <= set(by.index):
-            ratio = by.loc["tp_sp", "activation_bytes"] / by.loc["tp", "activation_bytes"]
-            rows.append(_row("4", sp_less, exp, "activation bytes tp_sp / tp", ratio,
-                             SUPPORTED if ratio < 1 else CONTRADICTED, f"tp_sp / tp activation bytes = {ratio:.2f}"))
+                evidence += f"; {single} holds no " + " or ".join(c.removesuffix("_bytes") for c in held.index[~held])
+            rows.append(_row("3", tp_all, exp, f"{TP} / {single} bytes per rank, largest category", ratios.max(),
+                             verdict, f"{TP} / {single}: {evidence}"))
+        if {TP, TP_SP} <= set(by.index):
+            ratio = by.loc[TP_SP, "activation_bytes"] / by.loc[TP, "activation_bytes"]
+            rows.append(_row("4", sp_less, exp, f"activation bytes {TP_SP} / {TP}", ratio,
+                             SUPPORTED if ratio < 1 else CONTRADICTED, f"{TP_SP} / {TP} activation bytes = {ratio:.2f}"))
     return rows
 
 

@@ -1,8 +1,8 @@
 """The ZeRO ladder's tables, from the runs of the strategies whose registry topic is `zero`.
 
-- zero_memory: per run and rank, measured vs predicted parameter/gradient/optimizer bytes (the
-  memory model's error in %), where they live (device or host: `costs.sharded_states.host_bytes`), with
-  the run's throughput and outcome.
+- zero_memory: per run and rank, measured vs predicted parameter/gradient/optimizer bytes (predicted:
+  `rank_predictions`; the memory model's signed error in %, `tables.prediction_error`), where they live
+  (device or host: `costs.sharded_states.host_bytes`), with the run's throughput and outcome.
 - zero_tree_check: per run, does the planner put the rung on the same side of the device memory as
   the run? With a budget (`launch.device_memory_budget_bytes`, a smaller device than the machine's)
   the run's measured device-resident model states and activations decide; without one, its outcome
@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardlab.costs.plan import Cluster, Workload
-from shardlab.costs.predict import Prediction, evaluate, rank_activations, rank_states
+from shardlab.costs.plan import Cluster
+from shardlab.costs.predict import Prediction, evaluate
 from shardlab.costs.shapes import model_shape
 from shardlab.costs.sharded_states import host_bytes
 from shardlab.costs.zero_tree import choose, cluster_of, ladder
 from shardlab.strategies import REGISTRY, Family
 from shardlab.strategies.zero import deepspeed_ladder
 from shardlab.tables import TableInputs
+from shardlab.tables.prediction_error import error_pct
+from shardlab.tables.rank_predictions import of_run, run_setting
+from shardlab.tables.rank_predictions import read as read_predictions
 
 STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")
 PLAN_MODELS = ["pythia-160m", "pythia-1b", "pythia-2.8b", "pythia-6.9b", "pythia-12b", "gpt3-175b"]
@@ -38,34 +41,34 @@ def _on_ladder(summary: dict) -> bool:
     return REGISTRY[summary["strategy"]].family == Family.ZERO
 
 
-def memory_rows(summaries: list[dict], exp: dict, shape=None) -> list[dict]:
-    """`shape`: the experiment's ModelShape; per rank, the cost model's prediction for the run's Plan
-    (`costs.predict.rank_states`: DeepSpeed's padding and partition boundaries, FSDP2's chunks)."""
+def memory_rows(summaries: list[dict], predictions: pd.DataFrame) -> list[dict]:
+    """Per rank, the measured model states beside the cost model's prediction for the run's Plan
+    (`rank_predictions`: DeepSpeed's padding and partition boundaries, FSDP2's chunks)."""
     rows = []
     for s in filter(_on_ladder, summaries):
-        spec = REGISTRY[s["strategy"]]
+        mine = of_run(predictions, s["experiment"], s["strategy"])
         base = {"experiment": s["experiment"], "strategy": s["strategy"],
-                "framework": spec.run_plan(exp, 1).framework, "status": s["status"],
+                "framework": mine["framework"].iloc[0] if len(mine) else None, "status": s["status"],
                 "tokens_per_s": s.get("tokens_per_s"), "world_size": s.get("world_size")}
-        if s["status"] != "ok" or shape is None:
+        if s["status"] != "ok" or mine.empty:
             rows.append(dict(base, rank=None))
             continue
-        plan = spec.run_plan(exp, s["world_size"])
         for rank in s["ranks"]:
-            want = rank_states(spec.run_model(shape, exp), plan, rank["rank"])
+            want = mine.loc[rank["rank"]]
             row = dict(base, rank=rank["rank"])
             for key in STATES:
-                predicted = getattr(want, key)
+                predicted = want[f"predicted_{key}"]
                 row[f"measured_{key}"] = rank[key]
                 row[f"predicted_{key}"] = predicted
-                row[f"error_{key}_pct"] = 100 * (rank[key] - predicted) / predicted if predicted else 0.0
+                row[f"error_{key}_pct"] = error_pct(rank[key], predicted)
             measured = sum(rank[k] for k in STATES)
-            host = host_bytes(plan.offload, *(rank[k] for k in STATES))
-            row.update(measured_model_state_bytes=measured, predicted_model_state_bytes=want.total_bytes,
-                       error_model_state_pct=100 * (measured - want.total_bytes) / want.total_bytes,
+            host = host_bytes(want["offload"], *(rank[k] for k in STATES))
+            total, offloaded = want["predicted_model_state_bytes"], want["predicted_host_bytes"]
+            row.update(measured_model_state_bytes=measured, predicted_model_state_bytes=total,
+                       error_model_state_pct=error_pct(measured, total),
                        measured_device_bytes=measured - host, measured_host_bytes=host,
-                       predicted_device_bytes=want.total_bytes - want.offloaded_bytes,
-                       predicted_host_bytes=want.offloaded_bytes, activation_bytes=rank.get("activation_bytes"))
+                       predicted_device_bytes=total - offloaded, predicted_host_bytes=offloaded,
+                       activation_bytes=rank.get("activation_bytes"))
             rows.append(row)
     return rows
 
@@ -76,12 +79,13 @@ def device_memory(summaries: list[dict]) -> float | None:
     return max(seen) if seen else None
 
 
-def tree_check_rows(summaries: list[dict], exp: dict, shape, device_mem: float | None,
-                    budget: float | None = None) -> list[dict]:
+def tree_check_rows(summaries: list[dict], exp: dict, inputs: TableInputs, predictions: pd.DataFrame,
+                    device_mem: float | None, budget: float | None = None) -> list[dict]:
     """Does the planner (the decision tree is a view of it: `costs.zero_tree`) place each run on the right
-    side of the device memory? The experiment's model `shape`, so failed runs (which carry no model) are
-    checked too; the device is this machine under the runner's stack, its memory the machine's or the
-    budget's, less the stack's runtime allowance.
+    side of the device memory? The experiment's model shape (`inputs`), so failed runs (which carry no model)
+    are checked too, and the predicted bytes per rank from `predictions` (`rank_predictions`); the device
+    is this machine under the runner's stack, its memory the machine's or the budget's, less the stack's
+    runtime allowance.
 
     Without a `budget` the run's outcome is the truth: a rung the planner says fits (its peak memory)
     must have run, one it rules out must have run out of memory. With a budget (a device smaller than
@@ -91,11 +95,11 @@ def tree_check_rows(summaries: list[dict], exp: dict, shape, device_mem: float |
     memory = budget or device_mem
     rows = []
     for s in filter(_on_ladder, summaries):
+        shape = inputs.model_shape(exp)
         if s["status"] not in ("ok", "oom") or memory is None or shape is None or not s.get("world_size"):
             continue  # a run that failed for another reason says nothing about memory
         strategy, world = s["strategy"], s["world_size"]
-        spec = REGISTRY[strategy]
-        plan, model, workload = spec.run_plan(exp, world), spec.run_model(shape, exp), Workload.from_training(exp["training"])
+        model, plan, workload = run_setting(s, exp, inputs)
         device = Cluster(MACHINE, 1, world, overrides={"hbm_gb": memory / 2**30})
         p = evaluate(model, plan, device, workload, STACK, with_time=False)
         if not isinstance(p, Prediction):
@@ -108,12 +112,13 @@ def tree_check_rows(summaries: list[dict], exp: dict, shape, device_mem: float |
             row.update(evidence="outcome", predicted_fits=p.fits, fits=s["status"] == "ok")
         elif s["status"] == "ok":  # device-resident model states and activations, predicted against measured
             held, predicted = [], []
+            mine = of_run(predictions, s["experiment"], strategy)
             for r in s["ranks"]:
                 held.append(sum(r[k] for k in STATES) - host_bytes(plan.offload, *(r[k] for k in STATES))
                             + (r.get("activation_bytes") or 0))
-                states = rank_states(model, plan, r["rank"])
-                predicted.append(states.total_bytes - states.offloaded_bytes
-                                 + rank_activations(model, plan, workload, r["rank"]))
+                want = mine.loc[r["rank"]]
+                predicted.append(want["predicted_model_state_bytes"] - want["predicted_host_bytes"]
+                                 + want["predicted_activation_bytes"])
             row.update(evidence="measured device bytes", measured_device_bytes=max(held),
                        predicted_device_bytes=max(predicted), predicted_fits=max(predicted) <= p.capacity_bytes,
                        fits=max(held) <= p.capacity_bytes)
@@ -159,11 +164,11 @@ def verdict_rows(rungs: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
 
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     memory, check = [], []
+    predictions = read_predictions(inputs)
     for name, exp in inputs.experiments.items():
         summaries = [s for s in inputs.summaries if s["experiment"] == name]
-        shape = inputs.model_shape(exp)
-        memory += memory_rows(summaries, exp, shape)
-        check += tree_check_rows(summaries, exp, shape, device_memory(summaries),
+        memory += memory_rows(summaries, predictions)
+        check += tree_check_rows(summaries, exp, inputs, predictions, device_memory(summaries),
                                  exp.get("launch", {}).get("device_memory_budget_bytes"))
     memory, check = pd.DataFrame(memory), pd.DataFrame(check)
     rungs = rung_rows(memory)
