@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
-from shardlab.runner.launch import resolve_world_size, run_environment, torchrun_command
+from shardlab.runner.launch import launch_module, resolve_world_size, run_environment
 from shardlab.study import load_study, prepared_inputs
 
 
@@ -38,13 +38,17 @@ def main() -> None:
     settings.write_text(json.dumps(exp))
     results = []
     for strategy in args.strategies or exp["strategies"]:
-        result = out / f"{strategy}.json"
+        run_dir = out / strategy
+        result = run_dir / "result.json"
         run_args = ["--experiment-config", str(settings), "--strategy", strategy, "--model-dir", str(model_dir),
                     "--tokens", str(tokens), "--blocks", str(args.blocks), "--out", str(result)]
         if args.steps_per_block:
             run_args += ["--steps-per-block", str(args.steps_per_block)]
-        cmd = torchrun_command(resolve_world_size(exp, strategy), run_args, module="shardlab.bench.instrumentation")
-        subprocess.run(cmd, env=run_environment(exp), check=True)
+        failure = launch_module(resolve_world_size(exp, strategy), "shardlab.bench.instrumentation", run_args, run_dir,
+                                result, exp["launch"]["timeout_s"], f"experiments.{args.experiment}.launch.timeout_s",
+                                env=run_environment(exp, strategy))
+        if failure:
+            sys.exit(f"instrumentation-cost: {strategy}: {failure}")
         results.append(json.loads(result.read_text()))
     print(f"\ninstrumentation cost per step ({args.blocks} blocks per mode of {results[0]['steps_per_block']} steps):")
     for r in results:

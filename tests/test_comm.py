@@ -1,10 +1,15 @@
 """Communication analysis: bus-bandwidth conventions, the alpha-beta fit, per-strategy volumes
 against hand counts, the share/what-if model, and the benchmark under real torchrun."""
 
+import json
 import math
+import re
+import threading
+import time
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 
 from helpers import TEST_EXPERIMENT
@@ -16,6 +21,7 @@ from shardlab.costs.plan import Workload
 from shardlab.costs.predict import collectives
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
+from shardlab.runner.process import run_processes
 from shardlab.strategies import REGISTRY, get_spec
 from shardlab.tables import TableInputs
 from shardlab.tables.communication import build, projection_table
@@ -344,18 +350,68 @@ def test_benchmark_runs_under_torchrun_and_produces_the_tables(tmp_path):
 
 
 def test_a_failed_benchmark_is_recorded_not_raised(tmp_path, monkeypatch):
-    """A crashed torchrun job leaves failure rows (with the reason) and failed fits; main still returns 0."""
-    import subprocess
-
+    """A failed torchrun job leaves failure rows (with the reason) and failed fits; main still returns 0."""
     from shardlab.bench import comm as bench
 
-    def crashed(cmd, **kwargs):
-        assert "torch.distributed.run" in cmd and "--nproc-per-node=2" in cmd
-        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="RuntimeError: gloo exploded\n")
+    def failed(world, module, module_args, run_dir, output, timeout_s, timeout_setting, env=None):
+        assert (world, module, timeout_setting) == (2, "shardlab.bench.comm", "comm_bench.timeout_s")
+        assert str(run_dir) in module_args[module_args.index("--out") + 1]  # the ranks name their run folder
+        return "rank 1: RuntimeError: gloo exploded"
 
-    monkeypatch.setattr(bench.subprocess, "run", crashed)
+    monkeypatch.setattr(bench, "launch_module", failed)
     bench_csv, fit_csv = tmp_path / "comm_bench.csv", tmp_path / "comm_fit.csv"
     assert bench.main(["--settings", "{}", "--bench-out", str(bench_csv), "--fit-out", str(fit_csv)]) == 0
     table, fits = pd.read_csv(bench_csv), pd.read_csv(fit_csv)
     assert len(table) == len(COLLECTIVES) and table["status"].str.contains("gloo exploded").all()
     assert fits["status"].str.startswith("failed").all()
+
+
+def _ranks_seen(marker: str, seen: set, stop: threading.Event) -> None:
+    """Collect the pids of benchmark ranks whose command line names `marker`, until `stop`."""
+    while not stop.is_set():
+        seen.update(p.pid for p in run_processes(marker) if "worker" in p.info["cmdline"])
+        time.sleep(0.2)
+
+
+@pytest.mark.torchrun
+def test_a_benchmark_that_hits_its_timeout_leaves_no_rank_running(tmp_path, monkeypatch):
+    """Ranks that would time collectives for hours are stopped at comm_bench.timeout_s, every one of them."""
+    import tempfile
+
+    from shardlab.bench.comm import resolve_settings, run_benchmark
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the launch's run folder: under tmp_path
+    settings = dict(resolve_settings({"collectives": ["all_reduce"], "max_bytes": 1024}), repeats=10**9, timeout_s=25)
+    seen, stop = set(), threading.Event()
+    watcher = threading.Thread(target=_ranks_seen, args=(str(tmp_path), seen, stop), daemon=True)
+    watcher.start()
+    try:
+        table = run_benchmark(settings, tmp_path / "comm_bench.csv")
+    finally:
+        stop.set()
+        watcher.join()
+    assert table["status"].tolist() == ["failed: timed out after 25 s (comm_bench.timeout_s); the run was stopped"]
+    assert len(seen) >= 2, "the ranks never started before the deadline"
+    assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not run_processes(str(tmp_path))
+
+
+@pytest.mark.torchrun
+def test_a_rank_exception_is_read_from_torchruns_error_file(tmp_path):
+    """Both ranks raise (an unknown collective); the reason is the exception as the error file holds it,
+    type and message exactly, and stays so without the printed output."""
+    from shardlab.bench.comm import resolve_settings
+    from shardlab.runner.failures import failure_outcome
+    from shardlab.runner.launch import launch_module
+    from shardlab.runner.process import RANK_LOG_DIR, Outcome
+
+    settings = dict(resolve_settings({"max_bytes": 1024}), collectives=["no_such_collective"])
+    out = tmp_path / "comm_bench.csv"
+    reason = launch_module(2, "shardlab.bench.comm", ["worker", "--settings", json.dumps(settings), "--out", str(out)],
+                           tmp_path, out, 120, "comm_bench.timeout_s")
+    assert re.fullmatch(r"rank [01]: ValueError: unknown collective 'no_such_collective'", reason), reason
+    assert len(list((tmp_path / RANK_LOG_DIR).glob("*/attempt_0/*/error.json"))) == 2
+    (tmp_path / "run.log").write_text("")  # the printed output gone: the files alone give the same reason
+    recorded = failure_outcome(Outcome(tmp_path, 1, None, 120))
+    assert recorded["reason"] == reason and len(recorded["failures"]) == 2
+    assert "in collective_call" in recorded["traceback"]  # the rank's own traceback, not torchrun's

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from statistics import mean
 
 import pytest
@@ -32,12 +30,13 @@ ACTIVATION_TOL = 0.10
 def grid(tmp_path_factory):
     """Every grid point measured under one torchrun launch (2 ranks)."""
     pytest.importorskip("deepspeed")
-    out = tmp_path_factory.mktemp("cost_grid") / "grid.json"
-    cmd = [sys.executable, "-m", "shardlab.runner.agent", "--standalone", "--nproc-per-node=2",
-           "-m", "shardlab.bench.cost_grid", "--out", str(out)]
-    env = dict(os.environ, DS_ACCELERATOR="cpu")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from shardlab.runner.launch import launch_module
+
+    run_dir = tmp_path_factory.mktemp("cost_grid")
+    out = run_dir / "grid.json"
+    reason = launch_module(2, "shardlab.bench.cost_grid", ["--out", str(out)], run_dir, out, 600, "the grid's deadline",
+                           env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert reason is None, reason
     return json.loads(out.read_text())
 
 

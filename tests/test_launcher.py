@@ -15,10 +15,11 @@ import pytest
 
 from helpers import TEST_EXPERIMENT
 from shardlab.costs.shapes import ModelShape
-from shardlab.runner.failures import failure_outcome
+from shardlab.runner.failures import failure_outcome, launch_failure
 from shardlab.runner.launch import launch, share_reference
 from shardlab.runner.faults import FAULT_STEP
-from shardlab.runner.process import GRACE_S, run_processes
+from shardlab.errors import Interrupted
+from shardlab.runner.process import AGENT_ERROR_FILE, GRACE_S, RANK_LOG_DIR, Outcome, run_processes
 
 
 def _left_running(tag) -> list[str]:
@@ -138,9 +139,18 @@ Root Cause (first observed failure):
 """
 
 
-def _error(attempt: Path, rank: int, type_: str, message: str, t: float, oom: bool = False) -> None:
-    (attempt / f"error_rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "type": type_, "message": message, "time": t, "oom": oom}))
+def _error(run_dir: Path, rank: int, type_: str, message: str, t: float) -> None:
+    """A rank's error file as torch's ErrorHandler writes it, with the rank and time `record` adds."""
+    folder = run_dir / RANK_LOG_DIR / "run_abc" / "attempt_0" / str(rank)
+    folder.mkdir(parents=True)
+    (folder / "error.json").write_text(json.dumps({"message": {
+        "message": f"{type_}: {message}",
+        "extraInfo": {"py_callstack": f"Traceback (most recent call last):\n  ...\n{type_}: {message}\n",
+                      "timestamp": str(int(t)), "rank": rank, "time": t}}}))
+
+
+def _outcome(run_dir: Path, returncode=1, stopped=None) -> Outcome:
+    return Outcome(run_dir, returncode, stopped, 60)
 
 
 def test_root_cause_order(tmp_path):
@@ -148,15 +158,52 @@ def test_root_cause_order(tmp_path):
     survivors is never a cause."""
     (tmp_path / "run.log").write_text(TORCHRUN_REPORT)
     _error(tmp_path, 1, "RuntimeError", "[pair.cc:537] Read error: Connection reset by peer", 1.0)
-    outcome = failure_outcome(tmp_path, 1, None, 60)
+    outcome = failure_outcome(_outcome(tmp_path))
     assert outcome["status"] == "oom" and outcome["reason"].startswith("rank 0: killed by SIGKILL")
     assert outcome["failures"][1].startswith("rank 1: RuntimeError")
 
     _error(tmp_path, 0, "ValueError", "bad shape\nmore", 2.0)
     _error(tmp_path, 2, "TypeError", "earlier", 1.5)
-    outcome = failure_outcome(tmp_path, 1, None, 60)
+    outcome = failure_outcome(_outcome(tmp_path))
     assert outcome["status"] == "failed" and outcome["reason"] == "rank 2: TypeError: earlier"
     assert [f.split(":")[0] for f in outcome["failures"]] == ["rank 2", "rank 0", "rank 0", "rank 1"]
+    assert outcome["traceback"].endswith("TypeError: earlier\n")  # where the root cause was raised
+
+
+def test_an_out_of_memory_error_file_is_recorded_as_oom(tmp_path):
+    _error(tmp_path, 1, "OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", 5.0)
+    outcome = failure_outcome(_outcome(tmp_path))
+    assert outcome["status"] == "oom" and outcome["reason"].startswith("rank 1: OutOfMemoryError: CUDA out of memory")
+
+
+def test_torch_plain_error_file_takes_the_rank_from_its_folder(tmp_path):
+    """A rank decorated with torch's own @record (no rank in the file) is named by its local-rank folder."""
+    folder = tmp_path / RANK_LOG_DIR / "run_abc" / "attempt_0" / "1"
+    folder.mkdir(parents=True)
+    (folder / "error.json").write_text(json.dumps({"message": {"message": "KeyError: 'x'", "extraInfo": {
+        "py_callstack": "Traceback ...", "timestamp": "1700000000"}}}))
+    assert failure_outcome(_outcome(tmp_path))["reason"] == "rank 1: KeyError: 'x'"
+
+
+def test_torchruns_own_error_is_the_reason_when_no_rank_left_one(tmp_path):
+    (tmp_path / AGENT_ERROR_FILE).write_text(json.dumps({"message": {"message": "RendezvousTimeoutError: no peers",
+                                                                      "extraInfo": {"timestamp": "1"}}}))
+    assert failure_outcome(_outcome(tmp_path))["reason"] == "torchrun: RendezvousTimeoutError: no peers"
+
+
+def test_without_error_files_the_printed_output_is_the_fallback(tmp_path):
+    (tmp_path / "run.log").write_text("starting\nsomething: SomeError happened\nbye\n")
+    assert failure_outcome(_outcome(tmp_path, 3))["reason"] == "exit code 3: something: SomeError happened"
+    timed_out = failure_outcome(_outcome(tmp_path, None, "timeout"), "comm_bench.timeout_s")
+    assert timed_out["reason"] == "timed out after 60 s (comm_bench.timeout_s); the run was stopped"
+    assert timed_out["status"] == "failed" and timed_out["failures"] == []
+
+
+def test_a_launch_that_was_interrupted_fails_the_job(tmp_path):
+    with pytest.raises(Interrupted):
+        launch_failure(_outcome(tmp_path, -15, "SIGTERM"), tmp_path / "out.json", "--timeout-s")
+    (tmp_path / "out.json").write_text("{}")
+    assert launch_failure(_outcome(tmp_path, 0), tmp_path / "out.json", "--timeout-s") is None
 
 
 def test_provenance_says_whether_the_tree_was_dirty(tmp_path, monkeypatch):

@@ -206,18 +206,18 @@ def test_the_instrumentation_benchmark_times_both_modes_under_torchrun(tiny_asse
     """The benchmark runs (2 ranks, gloo) and records its samples; a benchmark, not a timed test: no
     speed is asserted."""
     import json
-    import subprocess
 
-    from shardlab.runner.launch import run_environment, torchrun_command
+    from shardlab.runner.launch import launch_module, run_environment
 
     model_dir, tokens = tiny_assets
-    settings, out = tmp_path / "experiment.json", tmp_path / "result.json"
+    settings, out = tmp_path / "experiment.json", tmp_path / "run" / "result.json"
     settings.write_text(json.dumps(TEST_EXPERIMENT))
     run_args = ["--experiment-config", str(settings), "--strategy", "dp_naive", "--model-dir", str(model_dir),
                 "--tokens", str(tokens), "--blocks", "2", "--steps-per-block", "1", "--warmup-steps", "1",
                 "--out", str(out)]
-    cmd = torchrun_command(2, run_args, module="shardlab.bench.instrumentation")
-    subprocess.run(cmd, env=run_environment(TEST_EXPERIMENT, "dp_naive"), check=True, timeout=300)
+    failure = launch_module(2, "shardlab.bench.instrumentation", run_args, out.parent, out, 300, "launch.timeout_s",
+                            env=run_environment(TEST_EXPERIMENT, "dp_naive"))
+    assert failure is None, failure
     result = json.loads(out.read_text())
     assert {len(v) for v in result["samples"].values()} == {2}
     assert all(t > 0 for v in result["samples"].values() for t in v)

@@ -51,12 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, func = COMMANDS[argv[0]][0].split(":")
     command = getattr(importlib.import_module(module), func)
-    from shardlab.errors import ArtifactError, ConfigError
+    from shardlab.errors import ArtifactError, ConfigError, Interrupted
     try:
         return command(argv[1:]) or 0
     except (ConfigError, ArtifactError) as err:  # bad input named by the layer that found it
         print(f"shardlab {argv[0]}: error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as err:  # what the command started is stopped and recorded; its job must fail
+        print(f"shardlab {argv[0]}: {err}", file=sys.stderr)
+        return 128 + err.signum
 
 
 if __name__ == "__main__":

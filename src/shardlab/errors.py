@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 
@@ -11,6 +12,15 @@ class ConfigError(ValueError):
     def __init__(self, field: str, problem: str):
         self.field = field
         super().__init__(f"config field '{field}': {problem}")
+
+
+class Interrupted(Exception):
+    """A launcher received SIGTERM or SIGINT (e.g. Snakemake cancelling the job): what it started is
+    stopped and recorded; the command exits 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 class ArtifactError(RuntimeError):

@@ -2,11 +2,12 @@
 
     python -m shardlab bench-comm --settings '{"max_bytes": 65536}' --bench-out comm_bench.csv --fit-out comm_fit.csv
 
-launches `torchrun ... -m shardlab.bench.comm worker ...` (one process per rank), which writes one
-row per (collective, size): the slowest rank's median time per call over `repeats` back-to-back calls
-after `warmup` untimed ones, and algbw/busbw. Each collective's result is checked once on known
-inputs first (a fast wrong collective is no benchmark). Then the alpha-beta fit is written. Like a
-training run, a failed benchmark is recorded (status column), never a DAG failure.
+launches `torchrun ... -m shardlab.bench.comm worker ...` (one process per rank, owned by
+`runner.launch` as a training run is), which writes one row per (collective, size): the slowest
+rank's median time per call over `repeats` back-to-back calls after `warmup` untimed ones, and
+algbw/busbw. Each collective's result is checked once on known inputs first (a fast wrong
+collective is no benchmark). Then the alpha-beta fit is written. Like a training run, a failed
+benchmark is recorded (status column), never a DAG failure.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -23,6 +25,8 @@ from typing import Callable
 from shardlab import cli
 from shardlab.costs.collectives import bus_factor
 from shardlab.config import load_schema, validate_against_schema
+from shardlab.runner.failures import record
+from shardlab.runner.launch import launch_module
 
 BENCH_COLUMNS = ["collective", "size_bytes", "elements", "dtype", "world_size", "backend", "device", "device_name",
                  "warmup", "repeats", "time_s", "algbw_GBps", "busbw_GBps", "status"]
@@ -170,6 +174,7 @@ def benchmark(settings: dict, topo) -> list[dict]:
     return rows
 
 
+@record  # an exception escaping a rank becomes torchrun's error file (runner.failures)
 def worker(settings: dict, out: Path) -> None:
     import pandas as pd
 
@@ -198,7 +203,7 @@ def failed_rows(settings: dict, world: int | None, reason: str) -> list[dict]:
     return [{"collective": c, "world_size": world, "status": f"failed: {reason}"} for c in settings["collectives"]]
 
 
-def run_benchmark(settings: dict, bench_out: Path, log_tail_lines: int = 20) -> "pd.DataFrame":  # noqa: F821
+def run_benchmark(settings: dict, bench_out: Path) -> "pd.DataFrame":  # noqa: F821
     """Run the torchrun job; always leaves a table at `bench_out` (failure rows if it failed)."""
     import pandas as pd
 
@@ -206,21 +211,17 @@ def run_benchmark(settings: dict, bench_out: Path, log_tail_lines: int = 20) -> 
     if bench_out.exists():
         bench_out.unlink()
     world = resolve_world_size(settings)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "shardlab.bench.comm", "worker", "--settings", json.dumps(settings), "--out", str(bench_out)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(settings["threads_per_rank"]), PYTHONUNBUFFERED="1")
-    print(f"[comm_bench] {world} processes: {' '.join(cmd[:6])} ...", flush=True)
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=settings["timeout_s"])
-        sys.stdout.write(proc.stdout + proc.stderr)
-        ok, reason = proc.returncode == 0, f"exit code {proc.returncode}"
-        if not ok:
-            errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "Error" in line]
-            reason += f": {errors[-1][:300]}" if errors else ""
-    except subprocess.TimeoutExpired:
-        ok, reason = False, f"timed out after {settings['timeout_s']} s (comm_bench.timeout_s)"
-    if ok and bench_out.exists():
-        return pd.read_csv(bench_out)
+    print(f"[comm_bench] {world} processes", flush=True)
+    with tempfile.TemporaryDirectory(prefix="comm_bench-") as tmp:
+        run_dir = Path(tmp)
+        ranks_out = run_dir / bench_out.name
+        reason = launch_module(world, "shardlab.bench.comm", ["worker", "--settings", json.dumps(settings),
+                                                              "--out", str(ranks_out)],
+                               run_dir, ranks_out, settings["timeout_s"], "comm_bench.timeout_s",
+                               env=dict(os.environ, OMP_NUM_THREADS=str(settings["threads_per_rank"])))
+        if reason is None:
+            shutil.copyfile(ranks_out, bench_out)
+            return pd.read_csv(bench_out)
     print(f"[comm_bench] recorded as failed: {reason}", flush=True)
     table = pd.DataFrame(failed_rows(settings, world, reason), columns=BENCH_COLUMNS)
     table.to_csv(bench_out, index=False)

@@ -27,6 +27,8 @@ from shardlab.costs.activations import PRECISIONS
 from shardlab.strategies import REGISTRY, Family
 from shardlab.costs.plan import Plan
 from shardlab.costs.shapes import ModelShape
+from shardlab.runner.failures import record
+from shardlab.strategies.roles import tp_pair
 
 # Shapes chosen to break what the default shape hides: intermediate != 4h (below and above), head counts
 # 3, 5 and 6, odd parameter counts (odd intermediate and layer count), odd vocabularies; and the
@@ -41,7 +43,7 @@ DTYPES = ("fp32", "bf16")
 RUNGS = [name for name, spec in REGISTRY.items() if spec.family == Family.ZERO]
 # Hand-written TP, with and without sequence parallelism (heads, MLP width and vocabulary must divide by
 # the world size: of this grid, the default shape), in both dtypes.
-TP_SPLITS = {"tp": DTYPES, "tp_sp": DTYPES}
+TP_SPLITS = {name: DTYPES for name in tp_pair()}
 SEQ_LEN, ROWS_PER_RANK = 32, 2
 
 
@@ -159,6 +161,7 @@ def activation_points() -> list[dict]:
     return out
 
 
+@record  # an exception escaping a rank becomes torchrun's error file (runner.failures)
 def main(argv: list[str] | None = None) -> None:
     import torch.distributed as dist
 

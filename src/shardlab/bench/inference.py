@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +27,9 @@ from pathlib import Path
 import torch
 
 from shardlab import cli
+from shardlab.runner.failures import record
+from shardlab.runner.launch import launch_module
+from shardlab.strategies.roles import tp_pair
 
 FIELDS = ["experiment", "model", "mode", "tp", "rank", "status", "reason", "batch", "prompt_len", "new_tokens",
           "tokens_per_s", "latency_s", "kv_cache_bytes", "param_bytes", "matches_single"]
@@ -37,10 +37,7 @@ FIELDS = ["experiment", "model", "mode", "tp", "rank", "status", "reason", "batc
 
 def benchmarked_strategy() -> str:
     """The hand-written tensor-parallel strategy without sequence parallelism, from the registry."""
-    from shardlab.strategies import REGISTRY
-
-    return next(name for name, spec in REGISTRY.items()
-                if spec.twin and spec.plan_fields(2, {}).get("tp") == 2 and not spec.plan_fields(2, {}).get("sp"))
+    return tp_pair()[0]
 
 
 def prompt_ids(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) -> torch.Tensor:
@@ -69,6 +66,7 @@ def benchmark(model, prompt: torch.Tensor, new_tokens: int, repeats: int) -> dic
             "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
 
 
+@record  # an exception escaping a rank becomes torchrun's error file (runner.failures)
 def worker(args) -> None:
     """One rank of the TP benchmark (under torchrun)."""
     import torch.distributed as dist
@@ -104,20 +102,16 @@ def _row(mode: str, tp: int, rank: int, args, result: dict | None, reference: li
 
 
 def run_tp(args, tp: int) -> tuple[list | None, str]:
-    with tempfile.TemporaryDirectory() as tmp:
+    """The TP ranks' results (one per rank), or None and why the launch failed."""
+    with tempfile.TemporaryDirectory(prefix="tp_inference-") as tmp:
         out = Path(tmp) / "tp.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
-               "-m", "shardlab.bench.inference", "--worker", "--worker-out", str(out),
-               "--strategy", args.strategy,
-               "--experiment-config", str(args.experiment_config), "--model-dir", str(args.model_dir),
-               "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
-               "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, env=dict(os.environ))
-        sys.stdout.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        if proc.returncode != 0 or not out.exists():
-            lines = [l for l in (proc.stderr or proc.stdout).splitlines() if "Error" in l]
-            return None, (lines[-1] if lines else f"torchrun exited with {proc.returncode}")[:300]
-        return json.loads(out.read_text()), ""
+        reason = launch_module(tp, "shardlab.bench.inference",
+                               ["--worker", "--worker-out", str(out), "--strategy", args.strategy,
+                                "--experiment-config", str(args.experiment_config), "--model-dir", str(args.model_dir),
+                                "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
+                                "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)],
+                               Path(tmp), out, args.timeout_s, "--timeout-s")
+        return (None, reason) if reason else (json.loads(out.read_text()), "")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from shardlab.core.data import TokenBatches
 from shardlab.core.model import load_model
 from shardlab.core.step_stats import BOOTSTRAP_SAMPLES
 from shardlab.core.topology import init_topology, shutdown
+from shardlab.runner.failures import record
 from shardlab.runner.loop import PendingSteps, measured_step, step_work
 from shardlab.strategies import get_spec
 
@@ -68,6 +69,7 @@ def run_block(strategy, batches, step: int, steps: int, mode: str) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+@record  # an exception escaping a rank becomes torchrun's error file (runner.failures)
 def main(argv: list[str] | None = None) -> None:
     parser = cli.Parser(prog="shardlab.bench.instrumentation", description=__doc__)
     parser.add_argument("--experiment-config", type=Path, required=True)

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +35,13 @@ from pathlib import Path
 import pandas as pd
 
 from shardlab import cli
-
+from shardlab.runner.failures import record
+from shardlab.runner.launch import launch_module
+from shardlab.strategies import REGISTRY, Family
+from shardlab.strategies.roles import hand_written_data_parallel, reference_of, tp_pair
 
 WORLD = 2
 MICROBATCHES = 4  # of the pipeline cases
-DATA_PARALLEL, TENSOR_PARALLEL, PIPELINE = "ddp", "tp", "pp_1f1b"
 COLUMNS = ["experiment", "dtype", "case", "strategy", "injected", "gradient_error", "expected", "status", "reason",
            "step", "loss"]
 
@@ -61,17 +61,29 @@ class Case:
         return "either" if self.probe else "fail" if self.fault else "pass"
 
 
+def one_f_one_b_pipeline() -> str:
+    """The pipeline-only strategy on the 1F1B schedule, from the registry."""
+    (name,) = [name for name, spec in REGISTRY.items()
+               if spec.family == Family.PIPELINE_PARALLEL and spec.plan_fields(WORLD, {}).get("schedule") == "1f1b"]
+    return name
+
+
 def cases() -> list[Case]:
-    pipeline = {"n_microbatches": MICROBATCHES}
-    scaled = [Case(f"rank 1's gradient x {1 + e:g}", DATA_PARALLEL, "grad_scaled_rank1", e, e / WORLD, probe=e < 0.01)
+    """The strategies by their role in the registry: production data parallelism (the hand-written one's
+    twin), hand-written tensor parallelism without SP (its all-reduces are the study's own, so one can be
+    skipped), the 1F1B pipeline, and their reference with its reordered repeat (the noise floor)."""
+    data_parallel, tensor_parallel = hand_written_data_parallel(bucketed=False)[1], tp_pair()[0]
+    pipeline, reference = one_f_one_b_pipeline(), reference_of(data_parallel)
+    micro = {"n_microbatches": MICROBATCHES}
+    scaled = [Case(f"rank 1's gradient x {1 + e:g}", data_parallel, "grad_scaled_rank1", e, e / WORLD, probe=e < 0.01)
               for e in (0.01, 0.001)]
-    return [Case("reference", "single"), Case("noise floor", "single_reordered"),
-            Case("correct", DATA_PARALLEL), Case("correct", TENSOR_PARALLEL), Case("correct", PIPELINE, options=pipeline),
-            Case("gradients summed, not averaged", DATA_PARALLEL, "grads_summed", gradient_error=WORLD - 1.0),
+    return [Case("reference", reference), Case("noise floor", REGISTRY[reference].reordered),
+            Case("correct", data_parallel), Case("correct", tensor_parallel), Case("correct", pipeline, options=micro),
+            Case("gradients summed, not averaged", data_parallel, "grads_summed", gradient_error=WORLD - 1.0),
             *scaled,
-            Case("one layer's all-reduce skipped", TENSOR_PARALLEL, "tp_allreduce_skipped"),
-            Case("one micro-batch dropped", PIPELINE, "microbatch_dropped", gradient_error=1 / MICROBATCHES,
-                 options=pipeline)]
+            Case("one layer's all-reduce skipped", tensor_parallel, "tp_allreduce_skipped"),
+            Case("one micro-batch dropped", pipeline, "microbatch_dropped", gradient_error=1 / MICROBATCHES,
+                 options=micro)]
 
 
 def strategies() -> list[str]:
@@ -107,9 +119,10 @@ def tp_allreduce_skipped(strategy, size: float) -> None:
 def microbatch_dropped(strategy, size: float) -> None:
     """The last micro-batch of every step contributes its loss value but no gradient."""
     schedule = strategy.schedule
-    if not hasattr(schedule, "_loss_fn"):
-        raise RuntimeError("torch's pipeline schedule no longer keeps its loss function in _loss_fn")
-    loss_fn, calls, m = schedule._loss_fn, itertools.count(), strategy.n_microbatches
+    if not (hasattr(schedule, "_loss_fn") and hasattr(schedule, "_n_microbatches")):
+        raise RuntimeError("torch's pipeline schedule no longer keeps its loss function and micro-batch count in "
+                           "_loss_fn and _n_microbatches")
+    loss_fn, calls, m = schedule._loss_fn, itertools.count(), schedule._n_microbatches
 
     def dropping(output, target):
         loss = loss_fn(output, target)
@@ -141,6 +154,7 @@ def trajectory(case: Case, exp: dict, training: dict, topo, model_dir: Path, tok
     return [r["loss"] for r in log.records]
 
 
+@record  # an exception escaping a rank becomes torchrun's error file (runner.failures)
 def worker(args) -> None:
     from shardlab.core.topology import init_topology, shutdown
 
@@ -173,20 +187,15 @@ def loss_rows(dtypes: list[str], losses: dict[str, list[float]]) -> list[dict]:
 
 
 def launch(args) -> tuple[dict | None, str]:
-    from shardlab.runner.launch import torchrun_command
-
-    with tempfile.TemporaryDirectory() as tmp:
+    """Every case's losses (keyed as `loss_rows` reads them), or None and why the launch failed."""
+    with tempfile.TemporaryDirectory(prefix="parity_sensitivity-") as tmp:
         out = Path(tmp) / "losses.json"
-        command = torchrun_command(WORLD, ["--worker", "--worker-out", str(out), "--dtypes", ",".join(args.dtypes),
-                                           "--experiment-config", str(args.experiment_config),
-                                           "--model-dir", str(args.model_dir), "--tokens", str(args.tokens)],
-                                   module="shardlab.bench.parity_sensitivity")
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
-        sys.stdout.write(proc.stdout[-6000:] + proc.stderr[-6000:])
-        if proc.returncode != 0 or not out.exists():
-            errors = [line for line in (proc.stderr or proc.stdout).splitlines() if "Error" in line]
-            return None, (errors[-1] if errors else f"torchrun exited with {proc.returncode}")[:300]
-        return json.loads(out.read_text()), ""
+        reason = launch_module(WORLD, "shardlab.bench.parity_sensitivity",
+                               ["--worker", "--worker-out", str(out), "--dtypes", ",".join(args.dtypes),
+                                "--experiment-config", str(args.experiment_config),
+                                "--model-dir", str(args.model_dir), "--tokens", str(args.tokens)],
+                               Path(tmp), out, args.timeout_s, "--timeout-s")
+        return (None, reason) if reason else (json.loads(out.read_text()), "")
 
 
 def dtype_list(text: str) -> list[str]:

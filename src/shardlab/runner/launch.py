@@ -20,11 +20,11 @@ from shardlab import cli
 from shardlab.config import config_hash, run_layout
 from shardlab.core.model import SNAPSHOTS
 from shardlab.costs.shapes import ModelShape
-from shardlab.errors import ConfigError
-from shardlab.runner.failures import failure_outcome
+from shardlab.errors import ConfigError, Interrupted
+from shardlab.runner.failures import failure_outcome, launch_failure
 from shardlab.runner.metrics import attempt_resumes, now, write_json
 from shardlab.runner.nodes import Rendezvous, slurm_job_id, slurm_rendezvous, srun_prefix
-from shardlab.runner.process import Interrupted, console, run_logged
+from shardlab.runner.process import console, run_torchrun
 from shardlab.strategies import get_spec, threads_per_rank
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "run.log")
@@ -48,6 +48,16 @@ def torchrun_command(n_procs: int, run_args: list[str], module: str = "shardlab.
     where = ["--standalone"] if rendezvous is None else rendezvous.torchrun_args()
     return [sys.executable, "-m", "shardlab.runner.agent", *where, f"--nproc-per-node={n_procs}",
             "-m", module, *run_args]
+
+
+def launch_module(world: int, module: str, module_args: list[str], run_dir: Path, output: Path, timeout_s: float,
+                  timeout_setting: str, env: dict | None = None) -> str | None:
+    """A benchmark's torchrun job: `module` on `world` ranks of this machine, owned as a run is (`run_torchrun`).
+    None when it finished and wrote `output`, else why not (one line). `module_args` must name `run_dir`
+    (`output` lies in it), so that no rank can outlive the launch. Raises Interrupted on SIGTERM/SIGINT."""
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    outcome = run_torchrun(torchrun_command(world, module_args, module=module), run_dir, env, timeout_s)
+    return launch_failure(outcome, output, timeout_setting)
 
 
 def agent_command(exp: dict, world: int, run_args: list[str], restart: int) -> tuple[list[str], str]:
@@ -138,16 +148,14 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
     console(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es){where} -> {attempt}")
     started = time.time()
     env = dict(run_environment(exp, strategy), SHARDLAB_RESTART=str(restart), SHARDLAB_LAUNCH_T0=repr(started))
-    timeout_s = exp["launch"]["timeout_s"]
-    rc, stopped = run_logged(command, attempt / "run.log", env, timeout_s, tag=str(attempt))
-    if rc == 0 and not stopped and (attempt / "summary.json").exists():
+    outcome = run_torchrun(command, attempt, env, exp["launch"]["timeout_s"])
+    if outcome.finished and (attempt / "summary.json").exists():
         summary = json.loads((attempt / "summary.json").read_text())
         summary.setdefault("startup", {})["launch_wall_s"] = time.time() - started  # torchrun start to exit
         return summary, None
-    summary = dict(base, **failure_outcome(attempt, rc, stopped, timeout_s), world_size=n_procs,
-                   resumes=attempt_resumes(attempt))
+    summary = dict(base, **failure_outcome(outcome), world_size=n_procs, resumes=attempt_resumes(attempt))
     console(f"[launch] {exp['name']}/{strategy}: recorded as {summary['status']}: {summary['reason']}")
-    return summary, stopped
+    return summary, outcome.stopped
 
 
 def run_environment(exp: dict, strategy: str) -> dict:

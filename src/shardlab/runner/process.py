@@ -14,19 +14,17 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from shardlab.errors import Interrupted
+
 GRACE_S = 5.0  # between SIGTERM and SIGKILL: lets ranks flush their error files and logs
-
-
-class Interrupted(Exception):
-    """The launcher received SIGTERM or SIGINT (e.g. Snakemake cancelling the job)."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-        self.signum = signum
+# Where torchrun's structured error files land in a run's folder (torch.distributed.elastic):
+AGENT_ERROR_FILE = "torchrun_error.json"  # the agent's own: its failure, or its copy of the first rank's
+RANK_LOG_DIR = "torchelastic"  # torchrun's --log-dir: <run id>_*/attempt_<n>/<local rank>/error.json per rank
 
 
 def _raise_interrupted(signum, frame):
@@ -110,3 +108,42 @@ def run_logged(cmd: list[str], log_path: Path, env: dict, timeout_s: float, tag:
             terminate_tree(proc, tag)  # also on an exception of our own; a no-op for a finished run
             reader.join(timeout=GRACE_S)
     return proc.returncode, stopped
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one torchrun launch ended. `stopped`: None, 'timeout' or the name of the signal that
+    interrupted the launcher; in every case nothing of the launch is still running."""
+
+    run_dir: Path
+    returncode: int | None
+    stopped: str | None
+    timeout_s: float
+
+    @property
+    def finished(self) -> bool:
+        return self.returncode == 0 and self.stopped is None
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by SIGTERM/SIGINT to the launcher: the caller records what it can, then fails the job."""
+        return self.stopped not in (None, "timeout")
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / "run.log"
+
+
+def run_torchrun(command: list[str], run_dir: Path, env: dict, timeout_s: float) -> Outcome:
+    """Every torchrun launch of the study goes through here: `command` (torchrun or the study's agent,
+    possibly behind srun) runs in a session of its own with its output teed to the console and to
+    `run_dir`/run.log, and within `timeout_s`, or its whole tree is stopped.
+
+    The ranks' command lines must name `run_dir` (their output file or folder lies in it): that is how
+    ranks re-parented away from torchrun are still found and stopped. torchrun writes its structured
+    error files into `run_dir` (AGENT_ERROR_FILE, and one per failed rank under RANK_LOG_DIR); both
+    are set through the environment (PET_LOG_DIR is torchrun's --log-dir), so `command` stays as is."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(env, TORCHELASTIC_ERROR_FILE=str(run_dir / AGENT_ERROR_FILE), PET_LOG_DIR=str(run_dir / RANK_LOG_DIR))
+    returncode, stopped = run_logged(command, run_dir / "run.log", env, timeout_s, tag=str(run_dir))
+    return Outcome(run_dir, returncode, stopped, timeout_s)

@@ -1,7 +1,7 @@
 """One run = one strategy, one process per rank: `torchrun ... -m shardlab.runner.worker --strategy S ...`.
 
-Rank 0 writes `metrics.jsonl` and `summary.json`. A rank that fails writes `error_rank<N>.json`
-and exits non-zero; `shardlab.runner.launch` turns that into a recorded failure.
+Rank 0 writes `metrics.jsonl` and `summary.json`. An exception escaping a rank lands in torchrun's
+error file (`@record`), which `shardlab.runner.launch` turns into a recorded failure.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import os
 import random
 import statistics
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
 from shardlab.core.step_stats import timed_steps
 from shardlab.runner.checkpoint import Checkpointer, resume_key
+from shardlab.runner.failures import record
 from shardlab.runner.faults import remove_reductions
 from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model, snapshot_dir
@@ -45,10 +45,6 @@ def make_reproducible(training: dict) -> None:
     torch.manual_seed(training["seed"])
     if training.get("deterministic", True):
         torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
 
 
 def compute(env: dict) -> dict:
@@ -152,7 +148,6 @@ def run(args: argparse.Namespace) -> None:
     exp = json.loads(args.experiment_config.read_text())
     training = exp["training"]
     out = args.out
-    rank = int(os.environ.get("RANK", 0))  # known before the process group exists, so init failures are recorded
     try:
         topo = init_topology(dict(exp["launch"], threads_per_rank=threads_per_rank(exp, args.strategy)))
         phases.done("process_group")
@@ -197,11 +192,6 @@ def run(args: argparse.Namespace) -> None:
             write_json(out / "summary.json", summary)
         if checkpoint:
             checkpoint.remove_all()  # finished: a rerun of this run starts again from step 0
-    except BaseException as err:
-        write_json(out / f"error_rank{rank}.json", {
-            "rank": rank, "type": type(err).__name__, "message": str(err)[:2000], "time": time.time(),
-            "oom": is_out_of_memory(err), "traceback": traceback.format_exc()[-4000:]})
-        raise
     finally:
         shutdown()
 
@@ -217,6 +207,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@record  # an exception escaping a rank becomes torchrun's error file (runner.failures)
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
