@@ -1,6 +1,7 @@
 """The GPU check's result folder, from a finished `config/gpu-check.yaml` study (scripts/gpu-check.sh):
-per run, tokens/s and MFU against the device's bf16 peak (`costs.hardware`), the memory allocator's
-peak and the measured model-state bytes beside the memory model's prediction per category, and the
+per run, tokens/s and MFU against the device's peak for the run's dtype (`costs.hardware.device_peak_flops`: TF32
+for fp32, bf16 otherwise), the memory allocator's peak and the measured model-state bytes beside the memory
+model's prediction per category with its signed error (`tables.prediction_error`), and the
 loss against single device in bf16 with the parity rule's tolerance (`tables.parity`: from the noise floor
 the study's reordered and DeepSpeed-recipe runs measured).
 
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardlab.costs.hardware import peak_bf16_flops, training_flops_per_token
+from shardlab.costs.hardware import device_peak_flops, training_flops_per_token
+from shardlab.tables.prediction_error import relative_error
 
 CATEGORIES = ("param", "grad", "optimizer")
 TABLES = ("runs", "ranks", "parity", "environments")
@@ -35,7 +37,7 @@ def run_rows(tables: dict[str, pd.DataFrame], experiments: dict[str, dict]) -> l
         if run["status"] == "ok":
             flops = training_flops_per_token(int(run["model.parameters"]), model["num_layers"], model["hidden_size"],
                                              training["seq_len"])
-            peak = peak_bf16_flops(str(row["device"]))
+            peak = device_peak_flops(str(row["device"]), training["dtype"])
             row.update(tokens_per_s=run["tokens_per_s"], step_time_median_s=run["step_time_median_s"],
                        mfu=run["tokens_per_s"] * flops / (peak * run["world_size"]) if peak else None)
             mine = ranks[(ranks["experiment"] == run["experiment"]) & (ranks["strategy"] == run["strategy"])]
@@ -45,7 +47,8 @@ def run_rows(tables: dict[str, pd.DataFrame], experiments: dict[str, dict]) -> l
                 for c in CATEGORIES:
                     measured, predicted = fullest[f"{c}_bytes"], fullest.get(f"predicted_{c}_bytes")
                     row[f"{c}_bytes"], row[f"predicted_{c}_bytes"] = measured, predicted
-                    row[f"{c}_error"] = measured / predicted - 1 if predicted and pd.notna(predicted) else None
+                    known = pd.notna(predicted) and measured
+                    row[f"{c}_error"] = relative_error(measured, predicted) if known else None
             match = parity[(parity["experiment"] == run["experiment"]) & (parity["strategy"] == run["strategy"])]
             if len(match):
                 verdict = match["within_tolerance"].item()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shardlab.costs.hardware import accelerator, accelerators, by_name, catalog, links, peak_bf16_flops, training_flops_per_token
+from shardlab.costs.hardware import accelerator, accelerators, by_name, catalog, links, device_peak_flops, training_flops_per_token
 
 SRC = Path(__file__).parents[1] / "src" / "shardlab"
 
@@ -30,8 +30,9 @@ def test_device_names_match_the_most_specific_entry(device, name):
 
 
 def test_an_unknown_device_has_no_peak():
-    assert peak_bf16_flops("AMD EPYC") is None
-    assert peak_bf16_flops("NVIDIA H200") == 989e12
+    assert device_peak_flops("AMD EPYC", "bf16") is None
+    assert device_peak_flops("NVIDIA H200", "bf16") == 989e12
+    assert device_peak_flops("NVIDIA H200", "fp32") == 494.7e12  # TF32, what fp32 training runs on
 
 
 def test_flops_per_token_is_6n_plus_attention():

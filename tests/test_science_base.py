@@ -21,7 +21,8 @@ from shardlab.core.model import padded_vocab_size, snapshot_dir, snapshots
 from shardlab.runner.loop import learning_rate, snapshot_due
 from shardlab.science import tokenization
 from shardlab.science.domains import compared
-from shardlab.science.measures import bootstrap_interval, quality_indicators, unigram_nll
+from shardlab.core.bootstrap import bootstrap_interval
+from shardlab.science.measures import quality_indicators, unigram_nll
 from shardlab.study import check_pretrain
 
 

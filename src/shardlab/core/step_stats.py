@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardlab.core.bootstrap import bootstrap_interval
+
 BOOTSTRAP_SAMPLES = 2000
 
 
@@ -26,11 +28,9 @@ def throughput_ratio(fast_times, slow_times, seed: int = 0) -> tuple[float, floa
     step times), with a 95 % percentile bootstrap interval resampling each run's timed steps. The
     interval covers step-to-step noise within the two runs, not the drift between runs."""
     fast, slow = np.asarray(fast_times, float), np.asarray(slow_times, float)
-    rng = np.random.default_rng(seed)
-    fast_medians = np.median(rng.choice(fast, (BOOTSTRAP_SAMPLES, fast.size)), axis=1)
-    slow_medians = np.median(rng.choice(slow, (BOOTSTRAP_SAMPLES, slow.size)), axis=1)
-    low, high = np.percentile(slow_medians / fast_medians, [2.5, 97.5])
-    return float(np.median(slow) / np.median(fast)), float(low), float(high)
+    low, high = bootstrap_interval(lambda i, j: np.median(slow[j]) / np.median(fast[i]), (fast.size, slow.size),
+                                   replicates=BOOTSTRAP_SAMPLES, seed=seed)
+    return float(np.median(slow) / np.median(fast)), low, high
 
 
 def run_to_run_sigma(repeats) -> float:

@@ -43,10 +43,10 @@ def peak_flops(device: dict, dtype: str) -> float:
     return device["fp32_tflops" if dtype == "fp32" else "bf16_tflops"] * 1e12
 
 
-def peak_bf16_flops(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s of a device by its name; None when the catalog does not know it."""
+def device_peak_flops(device_name: str, dtype: str) -> float | None:
+    """Peak dense FLOP/s of a device by its name for a training dtype; None when the catalog does not know it."""
     entry = accelerator(device_name)
-    return peak_flops(entry, "bf16") if entry else None
+    return peak_flops(entry, dtype) if entry else None
 
 
 def training_flops_per_token(parameters: int, num_layers: int, hidden_size: int, seq_len: int) -> float:

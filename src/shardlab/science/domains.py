@@ -28,7 +28,8 @@ import numpy as np
 
 from shardlab.science.formats import ConditionalFormat
 from shardlab.science.language_model import LanguageModel
-from shardlab.science.measures import (bootstrap_interval, class_hits, canonical_smiles, quality_indicators,
+from shardlab.core.bootstrap import bootstrap_interval
+from shardlab.science.measures import (class_hits, canonical_smiles, quality_indicators,
                                        esol_logs, majority_accuracy, mean_absolute_error, posterior_median, spearman,
                                        unigram_nll, unigram_samples)
 

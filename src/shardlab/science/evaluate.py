@@ -28,7 +28,7 @@ from shardlab.core.pool import ordered_map
 from shardlab.science.domains import DOMAIN_EVALUATORS, row as metric_row
 from shardlab.science.formats import FORMATS
 from shardlab.science.language_model import LanguageModel
-from shardlab.science.measures import bootstrap_interval
+from shardlab.core.bootstrap import bootstrap_interval
 
 DEFAULT_SETTINGS = {"max_examples": 100, "samples_per_condition": 16, "conditions": [-6.0, -4.0, -2.0, 0.0],
                     "extra_test_sets": {}, "temperature": 1.0}
