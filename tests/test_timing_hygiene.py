@@ -121,14 +121,15 @@ def test_pipeline_timed_steps_run_uninstrumented(strategy_name, warmup_steps, on
     strategy = get_spec(strategy_name).load()(model, _cpu_topology(), training, {"n_microbatches": 2})
 
     calls = []  # per training schedule step: (timeline recording, saved-bytes hooks on); one per loop step
-    schedule_step = strategy.schedule.step
+    schedule = strategy.pipeline.schedule
+    schedule_step = schedule.step
 
     def spy_step(*args, **kwargs):
-        if strategy.schedule._has_backward:  # schedule.eval (validation) runs step() forward-only
-            calls.append((strategy.timeline.recording, bool(hooks_on)))
+        if schedule._has_backward:  # schedule.eval (validation) runs step() forward-only
+            calls.append((strategy.probe.timeline.recording, bool(hooks_on)))
         return schedule_step(*args, **kwargs)
 
-    monkeypatch.setattr(strategy.schedule, "step", spy_step)
+    monkeypatch.setattr(schedule, "step", spy_step)
     optimizer_steps = []
     optimizer_step = strategy.optimizer.step
     monkeypatch.setattr(strategy.optimizer, "step", lambda *a, **k: (optimizer_steps.append(1), optimizer_step(*a, **k))[1])
@@ -148,7 +149,7 @@ def test_pipeline_timed_steps_run_uninstrumented(strategy_name, warmup_steps, on
     # Never the step right after an evaluation: its schedule re-setup would inflate idle time and saved bytes.
     evaluated_after = {r["step"] for r in log.records if "val_loss" in r}
     assert all(step - 1 not in evaluated_after for step in steps), (steps, evaluated_after)
-    assert len(set(strategy._live_peaks)) == len(set(strategy._saved_totals)) == 1  # one stage, fixed shapes
+    assert len(set(strategy.probe.live_peaks)) == len(set(strategy.probe.saved_totals)) == 1  # one stage, fixed shapes
     # Extra measuring steps change nothing: one optimizer step per training step, no gradients left.
     assert len(optimizer_steps) == training["steps"]
     assert all(p.grad is None for p in strategy.model.parameters())

@@ -118,7 +118,7 @@ def tp_allreduce_skipped(strategy, size: float) -> None:
 
 def microbatch_dropped(strategy, size: float) -> None:
     """The last micro-batch of every step contributes its loss value but no gradient."""
-    schedule = strategy.schedule
+    schedule = strategy.pipeline.schedule
     if not (hasattr(schedule, "_loss_fn") and hasattr(schedule, "_n_microbatches")):
         raise RuntimeError("torch's pipeline schedule no longer keeps its loss function and micro-batch count in "
                            "_loss_fn and _n_microbatches")

@@ -39,12 +39,6 @@ class MeasuredGPipe(Strategy):
         self.probe = PipelineProbe(self.pipeline, self._schedule_step, self.training["warmup_steps"])
         return self.pipeline.modules
 
-    # The schedule and the probe's records, where the timing-hygiene test reads them on the strategy.
-    schedule = property(lambda self: self.pipeline.schedule)
-    timeline = property(lambda self: self.probe.timeline)
-    _live_peaks = property(lambda self: self.probe.live_peaks)
-    _saved_totals = property(lambda self: self.probe.saved_totals)
-
     # --- one step: the probe wraps the schedule's step -----------------------------------
     def micro_batches(self, inputs, labels):
         return [(inputs, labels)]  # the schedule cuts micro-batches itself
