@@ -10,8 +10,9 @@ import pkgutil
 
 from shardlab.strategies.base import CommTimer, Strategy
 
-# Where measurement lives: the pipeline probe, the registered (measured) pipeline strategies, the loop's probes.
-MEASUREMENT_MODULES = ("shardlab.strategies.pipeline_parallel.probe", "shardlab.strategies.pipeline_parallel.measured",
+# Where measurement lives: the pipeline probe, the registered pipeline strategies (each holds a probe), the
+# loop's probes.
+MEASUREMENT_MODULES = ("shardlab.strategies.pipeline_parallel.probe", "shardlab.strategies.pipeline_parallel.strategy",
                        "shardlab.runner.probes")
 
 
@@ -57,12 +58,12 @@ def test_pipeline_strategies_hold_their_probe_rather_than_inherit_it():
 def test_the_check_catches_a_probe_mixed_in_anywhere_up_the_chain():
     """The check can fail: a strategy with the pipeline probe as a base, or one step removed."""
     from shardlab.strategies.composed.strategy import ComposedStrategy
-    from shardlab.strategies.pipeline_parallel.measured import MeasuredGPipe
+    from shardlab.strategies.pipeline_parallel.strategy import GPipeStrategy
     from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
 
     mixed = type("Mixed", (ComposedStrategy, PipelineProbe), {})
     below = type("Below", (mixed,), {})
-    measured = type("OnAMeasuredPipeline", (MeasuredGPipe,), {})
+    measured = type("OnAMeasuredPipeline", (GPipeStrategy,), {})
     found = inheriting_measurement([mixed, below, measured, ComposedStrategy])
     assert set(found) == {f"{__name__}.Mixed", f"{__name__}.Below", f"{__name__}.OnAMeasuredPipeline"}
     assert found[f"{__name__}.Below"] == ["PipelineProbe"]

@@ -27,7 +27,7 @@ def _plan(schedule: str, virtual_stages: int, hybrid: bool):
 
 def _spec(name: str, cls: str, family: Family, summary: str, virtual_stages: int = 1, hybrid: bool = False,
           schedule: str = "1f1b") -> StrategySpec:
-    module = "hybrid_dp_pp" if hybrid else "measured"
+    module = "hybrid_dp_pp" if hybrid else "strategy"
     # The options behind the Plan fields a rejection names: the micro-batches, and the hybrid's stage count.
     stages = (("pp", "pp_size"), ("dp", "pp_size"), ("world", "pp_size")) if hybrid else ()
     plan_options = (("micro_batch", "n_microbatches"), *stages)
@@ -38,12 +38,12 @@ def _spec(name: str, cls: str, family: Family, summary: str, virtual_stages: int
 
 
 SPECS = [
-    _spec("pp_gpipe", "MeasuredGPipe", Family.PIPELINE_PARALLEL,
+    _spec("pp_gpipe", "GPipeStrategy", Family.PIPELINE_PARALLEL,
           "Hand-cut stages, torch.distributed.pipelining GPipe: all forwards, then all backwards.",
           schedule="gpipe"),
-    _spec("pp_1f1b", "Measured1F1B", Family.PIPELINE_PARALLEL,
+    _spec("pp_1f1b", "OneFOneBStrategy", Family.PIPELINE_PARALLEL,
           "Hand-cut stages, 1F1B schedule: one forward, one backward; fewer micro-batches in flight."),
-    _spec("pp_interleaved", "MeasuredInterleaved1F1B", Family.PIPELINE_PARALLEL,
+    _spec("pp_interleaved", "InterleavedStrategy", Family.PIPELINE_PARALLEL,
           "Interleaved 1F1B: two looped virtual stages per rank, a smaller bubble for more sends.",
           virtual_stages=2, schedule="interleaved"),
     _spec("hybrid_dp_pp", "HybridDataPipeline", Family.HYBRID,

@@ -1,7 +1,7 @@
 """A first hybrid: data parallel x pipeline parallel on a 2-D device mesh (dp, pp).
 
 The composition is explicit. The mesh's `pp` dimension gives each data-parallel replica its own
-pipeline (1F1B over `pp` ranks, from `measured.py`); the `dp` dimension links the ranks that hold
+pipeline (1F1B over `pp` ranks, from `strategy.py`); the `dp` dimension links the ranks that hold
 the same stage in different replicas. Each replica trains on its own rows of the global batch;
 after the schedule, each stage's gradients are averaged over its `dp` group (one blocking
 all-reduce of a flat buffer, as naive DP does) before every rank steps its optimizer.
@@ -10,11 +10,11 @@ all-reduce of a flat buffer, as naive DP does) before every rank steps its optim
 from __future__ import annotations
 
 from shardlab.strategies.mesh import average_gradients
-from shardlab.strategies.pipeline_parallel.measured import Measured1F1B
+from shardlab.strategies.pipeline_parallel.strategy import OneFOneBStrategy
 from shardlab.strategies.pipeline_parallel.options import DEFAULT_HYBRID_PP
 
 
-class HybridDataPipeline(Measured1F1B):
+class HybridDataPipeline(OneFOneBStrategy):
     measures_comm = True  # the data-parallel all-reduce; pipeline sends happen inside the schedule
 
     def pipeline_group(self):

@@ -11,7 +11,7 @@ Each micro-batch's loss is a mean and the schedule divides gradients by the numb
 Every rank sees the whole local batch: the first stage reads the tokens, the last the labels. Only
 the last stage knows the loss.
 
-This file is the technique only: the strategies that run it are `measured.py` (alone),
+This file is the technique only: the strategies that run it are `strategy.py` (alone),
 `hybrid_dp_pp.py` (with data parallelism) and `composed/` (with everything), and what a pipeline
 run measures beyond the shared loop is `probe.PipelineProbe`, which wraps a built `Pipeline`.
 """

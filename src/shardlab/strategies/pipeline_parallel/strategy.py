@@ -13,7 +13,7 @@ from shardlab.strategies.pipeline_parallel.pipeline import build_pipeline
 from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
 
 
-class MeasuredGPipe(Strategy):
+class GPipeStrategy(Strategy):
     """GPipe: all micro-batches forward, then all backward; every stage holds m micro-batches' activations."""
 
     schedule_name = "gpipe"
@@ -76,14 +76,14 @@ class MeasuredGPipe(Strategy):
         return {**self.pipeline.metrics(), **self.probe.metrics()}
 
 
-class Measured1F1B(MeasuredGPipe):
+class OneFOneBStrategy(GPipeStrategy):
     """1F1B: after a warm-up of forwards, each stage alternates one forward and one backward, so stage s
     holds at most p - s micro-batches' activations (same bubble as GPipe)."""
 
     schedule_name = "1f1b"
 
 
-class MeasuredInterleaved1F1B(MeasuredGPipe):
+class InterleavedStrategy(GPipeStrategy):
     """Interleaved 1F1B: each rank holds `virtual_stages` non-adjacent stages, shrinking the bubble v-fold."""
 
     schedule_name = "interleaved"
