@@ -179,10 +179,19 @@ def test_deepspeed_offload_reaches_the_plan():
 @pytest.mark.parametrize("options, field", [
     ({"offload_param": "cpu"}, "offload_param"),  # parameters without the optimizer: no Plan holds it
     ({"bucket_size": 1000}, "bucket_size"),
-    ({"overlap_comm": True}, "overlap_comm"),
     ({"param_persistence_threshold": 100}, "param_persistence_threshold"),
 ])
 def test_deepspeed_settings_without_a_plan_field_are_refused_by_name(options, field):
     with pytest.raises(ConfigError) as err:
         REGISTRY["zero3"].check(experiment({}, {}, "zero3", options), WHERE, 2)
     assert err.value.field == f"{WHERE}.strategy_options.zero3.{field}"
+
+
+def test_deepspeed_overlap_reaches_the_plan_and_must_be_a_bool():
+    assert REGISTRY["zero2"].run_plan(experiment({}, {}, "zero2", {}), 2).grad_sync_overlap is False
+    overlapped = experiment({}, {}, "zero2", {"overlap_comm": True})
+    assert REGISTRY["zero2"].run_plan(overlapped, 2).grad_sync_overlap is True
+    assert both_gates("zero2", overlapped, 2) == (True, True)
+    with pytest.raises(ConfigError) as err:
+        REGISTRY["zero2"].check(experiment({}, {}, "zero2", {"overlap_comm": "yes"}), WHERE, 2)
+    assert err.value.field == f"{WHERE}.strategy_options.zero2.overlap_comm"

@@ -64,6 +64,21 @@ def test_llama3_405b_cuts_126_layers_over_16_stages_as_its_paper_does():
     assert rank_memory.rank_layers(128, 16, 1) == (8,) * 16  # even layers: embedding and head on top
 
 
+def test_a_run_that_reduces_after_the_backward_pays_its_whole_all_reduce():
+    """A plan's `grad_sync_overlap` overrides the stack's: False exposes the gradient all-reduce in full
+    (a plain all-reduce after the backward, DeepSpeed without overlap_comm), True hides it behind the
+    backward, None follows the stack (Megatron-Core overlaps). The registry states it for every run."""
+    from shardlab.strategies import REGISTRY
+
+    model, cluster, workload = model_shape("pythia-1b"), Cluster(H100, 2), Workload(64, 2048)
+    dp_comm = {overlap: evaluate(model, Plan(dp=16, micro_batch=4, grad_sync_overlap=overlap), cluster,
+                                 workload).time["dp_comm"] for overlap in (False, True, None)}
+    assert dp_comm[False] > 0 and dp_comm[True] < dp_comm[False] / 2
+    assert dp_comm[None] == dp_comm[True]
+    overlapping = {name for name, spec in REGISTRY.items() if spec.plan_fields(4, {})["grad_sync_overlap"]}
+    assert overlapping == {"dp_interleaved", "ddp", "fsdp2_full", "fsdp2_grad_op", "fsdp2_single"}
+
+
 def test_evaluate_breaks_memory_and_time_down():
     model = model_shape("pythia-6.9b")
     p = evaluate(model, Plan(dp=8, zero=1, framework="mcore", micro_batch=2), Cluster(H100, 1), Workload(256, 2048))

@@ -72,6 +72,9 @@ class Plan:
     # Implementation facts the cost model must know of a run (the registry sets them; the planner's
     # search leaves them at their defaults):
     grad_bucket_mb: float | None = None  # replicas all-reducing gradients per bucket (0: one per layer); None: once
+    # Whether the once-per-step gradient reduction runs behind the backward (DDP's buckets, FSDP2's
+    # reduce-scatters) or after it (a plain all-reduce, DeepSpeed without overlap_comm); None: as the stack does.
+    grad_sync_overlap: bool | None = None
     whole_embedding_grad: bool = False  # TP that keeps the vocabulary-split embedding's gradient whole (DTensor)
     vocab_parallel_loss: bool = True  # False: TP gathers the logits for a plain cross-entropy (whole on every rank)
 

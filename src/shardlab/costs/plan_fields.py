@@ -41,6 +41,8 @@ MEANINGS = {
     "attention": "attention kernel (eager keeps the score matrix, ring: the hand-written blockwise kernel)",
     "optimizer": "optimizer (adamw-bf16: moments and master copy in bf16; sgd: without momentum)",
     "grad_bucket_mb": "plain PyTorch replicas: gradient all-reduce bucket in MiB (0: per layer; none: once)",
+    "grad_sync_overlap": ("the once-per-step gradient reduction behind the backward (true) or after it (false); "
+                          "none: as the stack does"),
     "whole_embedding_grad": "TP that keeps the vocabulary-split embedding's gradient whole (DTensor)",
     "vocab_parallel_loss": "TP computes the loss on vocabulary-split logits (false: gathers them)",
 }
@@ -54,7 +56,9 @@ class PlanFieldError(ValueError):
 def parse_value(name: str, raw) -> object:
     """The value of field `name` from its text (or a YAML scalar), typed and checked."""
     kind, text = TYPES[name], str(raw).strip()
-    if kind is bool:
+    if kind == bool | None and text.lower() in ("none", "null", ""):
+        value = None
+    elif kind in (bool, bool | None):
         value = BOOLEANS.get(text.lower())
         if value is None:
             raise PlanFieldError(f"{name}: {text!r} is not a boolean ({BOOLEAN_WORDS})")
@@ -142,6 +146,8 @@ def allowed_values(name: str) -> str:
         return "|".join(map(str, CHOICES[name]))
     if kind is bool:
         return "true|false"
+    if kind == bool | None:
+        return "true|false|none"
     if kind is int:
         return "an integer >= 1" if name in DEGREES else "an integer"
     return "a number|none" if kind is not str else "text"

@@ -264,7 +264,7 @@ def gradient_sync_s(model: ModelShape, plan: Plan, device: dict, rank: int, forw
     reduced = calls_s(device, [c for c in calls if c.collective != "all_gather"], span)
     if not device["comm_overlaps_compute"]:
         return reduced + gathered
-    if device.get("grad_sync_overlap"):
+    if device.get("grad_sync_overlap") if plan.grad_sync_overlap is None else plan.grad_sync_overlap:
         reduced = max(0.0, reduced - backward_s)
     if device.get("param_gather_overlap"):
         gathered = max(0.0, gathered - forward_s)

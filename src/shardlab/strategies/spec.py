@@ -111,9 +111,9 @@ class StrategySpec:
     comm_timed_in_full: bool = True
 
     def plan_fields(self, world: int, options: dict) -> dict:
-        """The Plan fields of a run on `world` ranks (the Plan's defaults, plain PyTorch among them, and
-        transformers' SDPA attention unless the strategy says)."""
-        return {"attention": "sdpa", **self.plan(1 if self.single_process else world, options)}
+        """The Plan fields of a run on `world` ranks (the Plan's defaults, plain PyTorch among them,
+        transformers' SDPA attention, and gradients reduced after the backward, unless the strategy says)."""
+        return {"attention": "sdpa", "grad_sync_overlap": False, **self.plan(1 if self.single_process else world, options)}
 
     def run_plan(self, exp: dict, world: int) -> Plan:
         """The whole Plan of this strategy's run in `exp` on `world` ranks."""

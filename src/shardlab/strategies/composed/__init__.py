@@ -46,6 +46,8 @@ def composed_plan(world: int, options: dict) -> dict:
     tp, cp, pp = degrees(options).values()
     fields = {"dp": max(1, world // (tp * cp * pp)), "tp": tp, "sp": bool(options.get("sp", False)), "cp": cp,
               "pp": pp, "vocab_parallel_loss": False, **DP_SHARDING[options.get("dp_shard", "replicas")]}
+    # FSDP2 reduce-scatters as the backward goes; replicas are averaged after it (ComposedStrategy.sync_gradients).
+    fields["grad_sync_overlap"] = fields.get("framework") == "fsdp2"
     if cp > 1:
         fields["attention"] = "ring"
     if pp > 1:

@@ -17,8 +17,14 @@ def check_bucket_size(spec, exp: dict, where: str, world) -> None:
 
 
 def bucketed(world: int, options: dict) -> dict:
-    """Replicas that all-reduce their gradients bucket by bucket: `bucket_mb` MiB, else one per layer."""
-    return {"dp": world, "grad_bucket_mb": options.get("bucket_mb", 0)}
+    """Replicas that all-reduce their gradients bucket by bucket as the backward goes: `bucket_mb` MiB,
+    else one per layer."""
+    return {"dp": world, "grad_bucket_mb": options.get("bucket_mb", 0), "grad_sync_overlap": True}
+
+
+def overlapped(world: int, options: dict) -> dict:
+    """Replicas whose library reduces gradients behind the backward (DDP's buckets)."""
+    return {"dp": world, "grad_sync_overlap": True}
 
 
 def _spec(name: str, cls: str, summary: str, **kw) -> StrategySpec:
@@ -32,5 +38,6 @@ SPECS = [
           "Per-layer (or per-bucket_mb) async all-reduce launched from gradient hooks, overlapping backward "
           "(hand-written).", plan=bucketed, twin="ddp", comm_timed_in_full=False,
           check_options=all_of(only_options("bucket_mb"), check_bucket_size)),
-    _spec("ddp", "ddp:TorchDDP", "torch DistributedDataParallel: bucketed all-reduce overlapped with backward."),
+    _spec("ddp", "ddp:TorchDDP", "torch DistributedDataParallel: bucketed all-reduce overlapped with backward.",
+          plan=overlapped),
 ]

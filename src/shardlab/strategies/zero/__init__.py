@@ -52,8 +52,9 @@ def rung_plan(fields: dict):
 
     def plan(world: int, options: dict) -> dict:
         if full["framework"] != "deepspeed":
-            return {"dp": world, **full}
-        return {"dp": world, **full, "offload": plan_offload(rung_settings(full, options))}
+            return {"dp": world, **full, "grad_sync_overlap": True}  # FSDP2 reduce-scatters as the backward goes
+        settings = rung_settings(full, options)
+        return {"dp": world, **full, "offload": plan_offload(settings), "grad_sync_overlap": settings["overlap_comm"]}
 
     return plan
 

@@ -23,7 +23,6 @@ PLAN_OFFLOAD = {("none", "none"): "none", ("cpu", "none"): "optimizer", ("cpu", 
 UNPLANNED = {
     "bucket_size": "the reduce and all-gather bucket sets the gradient buffer and the number of collectives",
     "param_persistence_threshold": "parameters kept whole at stage 3 change every rank's parameter memory",
-    "overlap_comm": "overlapping the gradient reduction changes the step time",
 }
 
 
@@ -57,6 +56,8 @@ def check_zero_options(spec, exp: dict, where: str, world: int | str) -> None:
     for key in ("offload_optimizer", "offload_param"):
         if options.get(key) not in (None, *OFFLOAD_DEVICES):
             raise ConfigError(f"{where}.{key}", f"'{options[key]}' is not an offload device (use one of {OFFLOAD_DEVICES})")
+    if not isinstance(options.get("overlap_comm", False), bool):  # the Plan's grad_sync_overlap
+        raise ConfigError(f"{where}.overlap_comm", f"must be true or false, got {options['overlap_comm']!r}")
     for key, why in UNPLANNED.items():
         if options.get(key, OPTION_DEFAULTS[key]) != OPTION_DEFAULTS[key]:
             raise ConfigError(f"{where}.{key}", f"{options[key]!r}: the Plan has no field for it ({why}), so only "
