@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, run_command
 from shardlab.__main__ import COMMANDS, main
 
 A100 = "A100-80GB SXM"
@@ -22,12 +22,7 @@ PER_RANK_PROGRAMS = {"__main__", "runner.worker", "runner.agent", "bench.cost_gr
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_command(capsys, main, *argv)
 
 
 def assert_one_line_exit_2(code: int, out: str, err: str, names: str) -> None:

@@ -9,6 +9,7 @@ from dataclasses import fields
 
 import pytest
 
+from helpers import run_command
 from shardlab.costs.plan import Cluster, Plan, Workload
 from shardlab.costs.planner import main as plan_main
 from shardlab.costs.planner import model_shape
@@ -24,13 +25,7 @@ def cli_args(model: str = "pythia-1b", nodes: int = 1, gpus_per_node: int = 8, b
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of the command line, argparse's exits included."""
-    try:
-        code = plan_main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_command(capsys, plan_main, *argv)
 
 
 @pytest.mark.parametrize("args, plan, field", [

@@ -85,3 +85,13 @@ def rung_states(strategy: str, *args, **kwargs):
     from shardlab.costs.sharded_states import predict
 
     return predict(zero_rung(strategy), *args, **kwargs)
+
+
+def run_command(capsys, main, *argv: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a command line's `main(argv)`, argparse's exits included."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
