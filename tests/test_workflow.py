@@ -132,6 +132,15 @@ def test_the_planner_predicts_every_run_and_plans_at_scale(reduced_study):
     # Data-parallel replicas and the ZeRO ladder: the planner's model states are exact for any shape.
     replicas = predicted[predicted["strategy"].map(lambda s: REGISTRY[s].family in ("baseline", "data parallel", "zero"))]
     assert len(replicas) and replicas["model_states_error_pct"].abs().max() <= 1.0, replicas
+    # One prediction per rank, written once by the runs step from the real summaries: every rank of every
+    # run has its row, and the ranks table shows exactly those predicted bytes.
+    per_rank = pd.read_csv(tables / "rank_predictions.csv")
+    assert len(per_rank) == runs["world_size"].sum()
+    ranks = pd.read_csv(tables / "ranks.csv").merge(per_rank, on=["experiment", "strategy", "rank"],
+                                                    suffixes=("", "_written"), validate="one_to_one")
+    for category in ("param", "grad", "optimizer"):
+        column = f"predicted_{category}_bytes"
+        assert ranks[column].equals(ranks[f"{column}_written"]), category
     scenarios = pd.read_csv(tables / "planning_scenarios.csv")
     assert len(scenarios) and scenarios["fitting"].gt(0).all() and scenarios["best_plan"].ne("none fits").all()
     assert "Planning at scale" in (reduced_study / "report" / "report.html").read_text()
