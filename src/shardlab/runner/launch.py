@@ -21,6 +21,7 @@ from shardlab.config import config_hash, run_layout
 from shardlab.core.model import SNAPSHOTS
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError, Interrupted
+from shardlab.runner import rank_server
 from shardlab.runner.failures import failure_outcome, launch_failure
 from shardlab.runner.metrics import attempt_resumes, now, write_json
 from shardlab.runner.nodes import Rendezvous, slurm_job_id, slurm_rendezvous, srun_prefix
@@ -42,33 +43,53 @@ def resolve_world_size(exp: dict, strategy: str) -> int:
 
 
 def torchrun_command(n_procs: int, run_args: list[str], module: str = "shardlab.runner.worker",
-                     rendezvous: Rendezvous | None = None) -> list[str]:
+                     rendezvous: Rendezvous | None = None, server: Path | None = None) -> list[str]:
     """torchrun's command line for `module`, run by `shardlab.runner.agent` (torchrun without its teardown):
-    `n_procs` ranks on this node, alone (--standalone) or as one of `rendezvous.nodes` agents."""
+    `n_procs` ranks on this node, alone (--standalone) or as one of `rendezvous.nodes` agents; with a rank
+    `server`'s socket, each rank is a client that the server forks the rank for (`runner.rank_server`)."""
     where = ["--standalone"] if rendezvous is None else rendezvous.torchrun_args()
-    return [sys.executable, "-m", "shardlab.runner.agent", *where, f"--nproc-per-node={n_procs}",
-            "-m", module, *run_args]
+    if server is None:
+        return [sys.executable, "-m", "shardlab.runner.agent", *where, f"--nproc-per-node={n_procs}", "-m", module,
+                *run_args]
+    client = [sys.executable, "-S", "-I", str(rank_server.CLIENT), str(server)]
+    return [*client, "shardlab.runner.agent", *where, f"--nproc-per-node={n_procs}", "--no-python", *client, module,
+            *run_args]
 
 
 def launch_module(world: int, module: str, module_args: list[str], run_dir: Path, output: Path, timeout_s: float,
-                  timeout_setting: str, env: dict | None = None) -> str | None:
+                  timeout_setting: str, env: dict | None = None, device: str = "auto") -> str | None:
     """A benchmark's torchrun job: `module` on `world` ranks of this machine, owned as a run is (`run_torchrun`).
     None when it finished and wrote `output`, else why not (one line). `module_args` must name `run_dir`
     (`output` lies in it), so that no rank can outlive the launch. Raises Interrupted on SIGTERM/SIGINT."""
     env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
-    outcome = run_torchrun(torchrun_command(world, module_args, module=module), run_dir, env, timeout_s)
+    server = rank_server_for(env, device)
+    outcome = run_torchrun(torchrun_command(world, module_args, module=module, server=server), run_dir, env, timeout_s)
     return launch_failure(outcome, output, timeout_setting)
 
 
-def agent_command(exp: dict, world: int, run_args: list[str], restart: int) -> tuple[list[str], str]:
-    """The command that starts a run of `world` ranks, and where it runs (for the log): under Slurm with
-    more than one node of the layout (`config.run_layout`), `srun` one agent per node meeting at this
-    job's rendezvous; otherwise every rank on this machine."""
+def rank_server_for(env: dict, device: str, wanted: bool = True) -> Path | None:
+    """The rank server's socket for a launch on this machine with `env`, or None: not `wanted`
+    (launch.rank_server), a GPU run, or no server came up (said on the console; the ranks then start
+    as torchrun starts them)."""
+    if not wanted or not on_cpu(device):
+        return None
+    server = rank_server.server_for(env)
+    if server is None:
+        console(f"[launch] no rank server came up within {rank_server.START_TIMEOUT_S:.0f} s (its log: "
+                f"{rank_server.state_dir()}): the ranks import for themselves")
+    return server
+
+
+def agent_command(exp: dict, world: int, run_args: list[str], restart: int, env: dict) -> tuple[list[str], str]:
+    """The command that starts a run of `world` ranks in `env`, and where it runs (for the log): under Slurm
+    with more than one node of the layout (`config.run_layout`), `srun` one agent per node meeting at this
+    job's rendezvous; otherwise every rank on this machine (forked by the rank server on CPU)."""
     nodes, per_node = run_layout(exp["launch"], world, f"experiments.{exp['name']}.launch.nodes")
     job = slurm_job_id()
     if nodes == 1 or job is None:
         where = "" if nodes == 1 else f" (launch.nodes: {nodes}, but no Slurm job: all on this machine)"
-        return torchrun_command(world, run_args), where
+        server = rank_server_for(env, exp["launch"]["device"], exp["launch"].get("rank_server", True))
+        return torchrun_command(world, run_args, server=server), where + (" via the rank server" if server else "")
     rdzv = slurm_rendezvous(nodes, job, restart)
     gpus = per_node if exp["launch"]["device"] == "cuda" else 0
     srun = srun_prefix(nodes, per_node * exp["launch"]["threads_per_rank"], gpus)
@@ -138,16 +159,16 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
                 "--tokens", str(tokens), "--out", str(attempt)]
     if exp["training"].get("checkpoint_every"):
         run_args += ["--checkpoint-dir", str(checkpoint_dir(out, strategy))]
+    started = time.time()
+    env = dict(run_environment(exp, strategy), SHARDLAB_RESTART=str(restart), SHARDLAB_LAUNCH_T0=repr(started))
     try:
         n_procs = resolve_world_size(exp, strategy)
         get_spec(strategy).check(exp, f"experiments.{exp['name']}", world=n_procs)
-        command, where = agent_command(exp, n_procs, run_args, restart)
+        command, where = agent_command(exp, n_procs, run_args, restart, env)
     except (ConfigError, RuntimeError) as err:  # RuntimeError: the Slurm allocation could not be read
         (attempt / "run.log").write_text(f"[launch] configuration rejected before launch: {err}\n")
         return dict(base, status="failed", reason=str(err), world_size=None), None
     console(f"[launch] {exp['name']}/{strategy}: {n_procs} process(es){where} -> {attempt}")
-    started = time.time()
-    env = dict(run_environment(exp, strategy), SHARDLAB_RESTART=str(restart), SHARDLAB_LAUNCH_T0=repr(started))
     outcome = run_torchrun(command, attempt, env, exp["launch"]["timeout_s"])
     if outcome.finished and (attempt / "summary.json").exists():
         summary = json.loads((attempt / "summary.json").read_text())
@@ -161,9 +182,14 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
 def run_environment(exp: dict, strategy: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank(exp, strategy)), PYTHONUNBUFFERED="1")
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' deterministic mode (training.deterministic)
-    if exp["launch"]["device"] == "cpu" or (exp["launch"]["device"] == "auto" and not _has_nvidia_driver()):
+    if on_cpu(exp["launch"]["device"]):
         env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed otherwise looks for a GPU
     return env
+
+
+def on_cpu(device: str) -> bool:
+    """Whether a run with launch.device `device` runs on this machine's CPU."""
+    return device == "cpu" or (device == "auto" and not _has_nvidia_driver())
 
 
 def record_attempt(attempt: Path, out: Path, summary: dict) -> None:

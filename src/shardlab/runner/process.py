@@ -5,7 +5,8 @@ SIGTERM/SIGINT to the launcher, an exception in the launcher) nothing of the run
 torchrun starts its ranks in sessions of their own, so killing torchrun's process group misses
 them; and once torchrun is gone they are re-parented to init and no longer its children. The
 tree is therefore found twice: the launcher's descendants, and every process whose command line
-names the attempt folder (each rank gets `--out <attempt>`), which also finds orphans.
+names the attempt folder (each rank gets `--out <attempt>`), which also finds orphans. A rank server's
+agent and ranks are the server's children: its registry names them (`rank_server.forked_ranks`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from shardlab.errors import Interrupted
+from shardlab.runner import rank_server
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL: lets ranks flush their error files and logs
 # Where torchrun's structured error files land in a run's folder (torch.distributed.elastic):
@@ -32,12 +34,18 @@ def _raise_interrupted(signum, frame):
 
 
 def run_processes(tag: str) -> list[psutil.Process]:
-    """Every live process whose command line contains `tag` (the attempt folder), except this one."""
+    """Every live process whose command line contains `tag` (the attempt folder), except this one, and
+    every process a rank server forked for it (their command line is the server's)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info["cmdline"] or []
         if proc.pid != psutil.Process().pid and any(tag in arg for arg in cmdline):
             found.append(proc)
+    for pid in rank_server.forked_ranks(tag):
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
     return found
 
 

@@ -15,7 +15,6 @@ import json
 import os
 import random
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from shardlab.core.step_stats import timed_steps
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.failures import record
 from shardlab.runner.faults import remove_reductions
+from shardlab.runner.rank_server import exit_now
 from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model, snapshot_dir
 from shardlab.strategies import NOISE_RUNS, get_spec, threads_per_rank
@@ -192,8 +192,14 @@ def run(args: argparse.Namespace) -> None:
             write_json(out / "summary.json", summary)
         if checkpoint:
             checkpoint.remove_all()  # finished: a rerun of this run starts again from step 0
-    finally:
+    except BaseException:
         shutdown()
+        raise
+    shutdown()
+    # Everything is written and the process group is gone: exit before this frame's objects are freed.
+    # Freeing them tears down gloo (a rank forked by the rank server can hang there) and the interpreter
+    # (~1 s of torch/transformers teardown, paid by every run of the study).
+    exit_now(0)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -216,8 +222,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-    # Everything is written and the process group is gone: skip the interpreter's ~1 s teardown of
-    # torch/transformers, paid by every run of the study.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
