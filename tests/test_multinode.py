@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 import subprocess
 
@@ -105,13 +106,13 @@ def test_multi_node_command_under_slurm_and_standalone_otherwise(monkeypatch):
     exp = {"name": "e", "launch": _launch(nodes=2, gpus_per_node=4, threads_per_rank=2, device="cuda")}
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
-    command, where = agent_command(exp, 8, ["--x"], restart=0)
+    command, where = agent_command(exp, 8, ["--x"], restart=0, env=dict(os.environ))
     assert "--standalone" in command and "--nproc-per-node=8" in command and "no Slurm job" in where
 
     monkeypatch.setenv("SLURM_JOB_ID", "4711")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
     monkeypatch.setattr(nodes, "_scontrol", lambda *args: "gpu07\ngpu08\n" if args[:2] == ("show", "hostnames") else "")
-    command, where = agent_command(exp, 8, ["--x"], restart=1)
+    command, where = agent_command(exp, 8, ["--x"], restart=1, env=dict(os.environ))
     assert command[:command.index(command[5])] == ["srun", "--ntasks=2", "--cpus-per-task=8", "--kill-on-bad-exit=1",
                                                    "--cpu-bind=none"]
     assert "--gres=gpu:4" in command and "--nproc-per-node=4" in command and "--standalone" not in command

@@ -15,6 +15,7 @@ import psutil
 from shardlab.config import REPO_ROOT
 
 
+FORKED_MARK = "SHARDLAB_FORKED_RANK"  # set by runner.rank_server in every process it forks
 RESUMES_FILE = "resumes.json"  # in an attempt folder, written when the attempt resumes from a checkpoint
 
 
@@ -22,6 +23,11 @@ def attempt_resumes(attempt: Path) -> list[dict]:
     """The resumes so far of an attempt that resumed (the summary of one that then failed says so too)."""
     path = Path(attempt) / RESUMES_FILE
     return json.loads(path.read_text()) if path.exists() else []
+
+
+def forked_by_rank_server() -> bool:
+    """Whether this rank was forked by a rank server (`runner.rank_server` marks its children)."""
+    return os.environ.get(FORKED_MARK) == "1"
 
 
 def environment(topo) -> dict:
@@ -45,6 +51,7 @@ def environment(topo) -> dict:
         "world_size": topo.world_size,
         "backend": topo.backend,
         "threads_per_rank": torch.get_num_threads(),
+        "rank_server": forked_by_rank_server(),
         "hostname": platform.node(),
         "git_commit": _git("rev-parse", "--short", "HEAD"),
         "git_dirty": git_dirty(),

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from shardlab.runner.metrics import forked_by_rank_server
+
 
 def _storage_key(t: torch.Tensor) -> int:
     # _cdata is the address of the storage object: unique only while that object exists, so every key
@@ -133,8 +135,10 @@ def reset_peak(device: torch.device) -> None:
 
 def peak_memory(device: torch.device) -> dict:
     """Peak tensor memory from the CUDA allocator, or the process RSS peak on CPU (a process figure,
-    dominated by library code, not a tensor peak)."""
+    dominated by library code, not a tensor peak; in a rank forked by the rank server it counts only
+    the library pages the rank touched, ~50 MiB less for the tiny model: `forked_process_rss`)."""
     if device.type == "cuda":
         return {"peak_bytes": int(torch.cuda.max_memory_allocated(device)), "peak_kind": "cuda_max_allocated",
                 "reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
-    return {"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_kind": "process_rss"}
+    return {"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_kind": "forked_process_rss" if forked_by_rank_server() else "process_rss"}

@@ -41,11 +41,13 @@ def run_processes(tag: str) -> list[psutil.Process]:
         cmdline = proc.info["cmdline"] or []
         if proc.pid != psutil.Process().pid and any(tag in arg for arg in cmdline):
             found.append(proc)
-    for pid in rank_server.forked_ranks(tag):
+    for pid, argv in rank_server.forked_ranks(tag).items():
         try:
-            found.append(psutil.Process(pid))
+            proc = psutil.Process(pid)
         except psutil.NoSuchProcess:
-            pass
+            continue
+        proc.info = {"pid": pid, "cmdline": argv}  # what it runs, as process_iter's processes carry it
+        found.append(proc)
     return found
 
 

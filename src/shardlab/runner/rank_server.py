@@ -32,11 +32,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import warnings
 from pathlib import Path
+
+from shardlab.runner.metrics import FORKED_MARK
 
 CLIENT = Path(__file__).with_name("rank_client.py")
 IDLE_S = 120.0  # a server without ranks for this long exits (the next launch starts another)
@@ -59,8 +60,10 @@ def preload_modules() -> list[str]:
 
 
 def state_dir() -> Path:
-    """Sockets, locks, logs and the forked-rank registry, private to this user."""
-    path = Path(tempfile.gettempdir()) / f"shardlab-ranks-{os.getuid()}"
+    """Sockets, locks, logs and the forked-rank registry, private to this user. Where the environment
+    says (not `tempfile`'s per-process choice): every launcher of this user must find the same servers."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.environ.get("TMPDIR") or "/tmp"
+    path = Path(base) / f"shardlab-ranks-{os.getuid()}"
     path.mkdir(mode=0o700, exist_ok=True)
     return path
 
@@ -122,17 +125,17 @@ def _registry() -> Path:
     return path
 
 
-def forked_ranks(tag: str) -> list[int]:
-    """Pids of live forked ranks whose argv names `tag` (a run folder)."""
-    pids = []
+def forked_ranks(tag: str) -> dict[int, list[str]]:
+    """{pid: [module, *argv]} of the live forked processes whose arguments name `tag` (a run folder)."""
+    found = {}
     for entry in _registry().glob("*.json"):
         try:
-            rank = json.loads(entry.read_text())
-        except (OSError, ValueError):
+            argv = json.loads(entry.read_text())["argv"]
+        except (OSError, ValueError, KeyError):
             continue  # being written or removed
-        if any(tag in arg for arg in rank["argv"]) and _alive(int(entry.stem)):
-            pids.append(int(entry.stem))
-    return pids
+        if any(tag in arg for arg in argv) and _alive(int(entry.stem)):
+            found[int(entry.stem)] = argv
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -178,7 +181,7 @@ def _become_rank(request: dict, stdio: list[int], inherited: list) -> None:
         os.dup2(fd, target)
         os.close(fd)
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update(request["env"], **{FORKED_MARK: "1"})
     os.chdir(request["cwd"])
     sys.path[0] = request["cwd"]  # as `python -m` puts it
     sys.argv = [request["module"], *request["argv"]]
@@ -268,7 +271,8 @@ class Server:
             conn.sendall(f"{pid}\n".encode())
         except OSError:  # the client is gone already: so is its rank
             os.kill(pid, signal.SIGKILL)
-        (_registry() / f"{pid}.json").write_text(json.dumps({"argv": request["argv"], "server": str(self.path)}))
+        (_registry() / f"{pid}.json").write_text(json.dumps({"argv": [request["module"], *request["argv"]],
+                                                              "server": str(self.path)}))
 
     def _client_gone(self, conn: socket.socket) -> None:
         """The client never writes after its request: readable means it died, and its rank goes too."""
