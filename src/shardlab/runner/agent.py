@@ -6,11 +6,9 @@ reported, the agent exits at once instead of tearing down torch's modules in the
 0.6 s on a small CPU, paid by every launch of the study; docs/measurements.md, "Launch cost"). A failure still
 raises, and exits, exactly as torchrun does.
 
-Forking the ranks from a server that has already imported torch and transformers (torch's
-`start_method="forkserver"` with a function entry point) was tried as a way to cut the ~2.5 s each
-rank spends importing transformers' GPT-NeoX: on 2 cores it gave no clear saving (two ranks import
-in parallel there anyway: 5.6-8.0 s a launch against 7.3-8.2 s without it), and 2 launches of 11
-hung after training, so ranks start as torchrun starts them.
+On CPU the agent itself and every rank are forked by the rank server (`shardlab.runner.rank_server`),
+which has imported torch, this module and the worker once; torch's own forkserver start method was
+tried first and saved nothing on 2 cores (docs/measurements.md, "Launch cost").
 """
 
 from __future__ import annotations

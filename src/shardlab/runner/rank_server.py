@@ -46,7 +46,9 @@ START_TIMEOUT_S = 120.0  # the imports take ~5 s on a busy 2-core machine
 # launches that agree on them. Read after the fork (rendezvous, per-rank settings): not part of it.
 SERVER_ENV = ("ATEN_", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "PYTHON", "DS_", "CUDA_", "HF_",
               "TRANSFORMERS_", "TOKENIZERS_", "LD_")
-PER_LAUNCH_ENV = ("TORCHELASTIC_",)  # set per launch by run_torchrun
+# Set per launch by run_torchrun; and the inductor cache folder, which torch writes into the environment
+# (its default) once a process asks for it, so that a launcher's own torch use would split the servers.
+PER_LAUNCH_ENV = ("TORCHELASTIC_", "TORCHINDUCTOR_CACHE_DIR")
 
 
 def preload_modules() -> list[str]:
