@@ -17,8 +17,9 @@ A100 = "A100-80GB SXM"
 PLAN = ["--model", "pythia-1b", "--hardware", A100, "--nodes", "1", "--global-batch", "64", "--seq-len", "2048"]
 # The only modules a process starts by name: the programs torchrun runs once per rank (and the agent
 # that wraps torchrun). Everything a person or a rule runs is a `shardlab` command.
-PER_RANK_PROGRAMS = {"__main__", "runner.worker", "runner.agent", "bench.cost_grid", "bench.instrumentation",
-                     "bench.comm", "bench.inference", "bench.parity_sensitivity"}
+PER_RANK_PROGRAMS = {"__main__", "runner.worker", "runner.agent", "runner.fork_server", "runner.rank_client",
+                     "bench.cost_grid", "bench.instrumentation", "bench.comm", "bench.inference",
+                     "bench.parity_sensitivity"}
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -93,8 +94,8 @@ def test_help_lists_every_command_and_the_workflow_calls_only_commands(capsys):
 
 
 def test_only_per_rank_programs_have_a_main_guard():
-    """`python -m shardlab.<module>` is not a second command line: only what torchrun starts per rank has
-    an entry point of its own."""
+    """`python -m shardlab.<module>` is not a second command line: only what a launch starts (torchrun's
+    agent, the rank server and its clients, and each rank's program) has an entry point of its own."""
     src = REPO / "src" / "shardlab"
     guarded = set()
     for path in src.rglob("*.py"):

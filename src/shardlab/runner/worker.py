@@ -28,7 +28,7 @@ from shardlab.core.step_stats import timed_steps
 from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.failures import record
 from shardlab.runner.faults import remove_reductions
-from shardlab.runner.rank_server import exit_now
+from shardlab.runner.fork_server import exit_now
 from shardlab.runner.metrics import RESUMES_FILE, StepLog, environment, now, write_json
 from shardlab.core.model import count_parameters, load_model, snapshot_dir
 from shardlab.strategies import NOISE_RUNS, get_spec, threads_per_rank
