@@ -139,6 +139,22 @@ def test_the_config_check_refuses_exactly_what_rejection_refuses():
     assert len(outcomes) > 15, outcomes  # across strategies and reasons
 
 
+@pytest.mark.parametrize("words", ["micro-batch", "stage", "seq", "offload", "divis"])
+def test_a_config_check_that_skips_one_rule_is_caught(monkeypatch, words):
+    """The property test can fail: a config check whose `rejection` lets one group of rules through."""
+    import shardlab.strategies.spec as spec
+
+    strict = spec.rejection
+
+    def lenient(*args, **kwargs):
+        reason = strict(*args, **kwargs)
+        return None if reason and words in reason else reason
+
+    monkeypatch.setattr(spec, "rejection", lenient)
+    with pytest.raises(AssertionError, match="rejection refused what the check accepts"):
+        test_the_config_check_refuses_exactly_what_rejection_refuses()
+
+
 # --- the cases where the registry and `rejection` once disagreed ----------------------------------
 def both_gates(name: str, exp: dict, world: int) -> tuple[bool, bool]:
     """(the config check accepts, `rejection` accepts) of `name` in `exp` on `world` ranks."""
