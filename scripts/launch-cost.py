@@ -15,29 +15,19 @@ from pathlib import Path
 
 import pandas as pd
 
-PHASES = ["agent_start_s", "rendezvous_and_spawn_s", "worker_imports_s", "process_group_s", "model_load_s",
-          "strategy_setup_s", "data_and_resume_s", "training_s", "save_and_gather_s"]
+from shardlab.tables.runs import launch_cost
 
 
 def main() -> None:
     results = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
-    rows = []
-    for path in sorted(results.glob("*/runs/*/summary.json")):
-        summary = json.loads(path.read_text())
-        startup = summary.get("startup") or {}
-        if summary.get("status") == "ok" and not summary.get("reused_from") and "launch_wall_s" in startup:
-            rows.append({"run": f"{summary['experiment']}/{summary['strategy']}", "world_size": summary["world_size"],
-                         **startup})
-    if not rows:
+    summaries = [json.loads(p.read_text()) for p in sorted(results.glob("*/runs/*/summary.json"))]
+    table = launch_cost(pd.json_normalize([s for s in summaries if not s.get("reused_from")]))
+    if table.empty:
         raise SystemExit(f"no finished run under {results} records its launch phases: run the DAG first")
-    table = pd.DataFrame(rows)
-    table["exit_s"] = table["launch_wall_s"] - table[PHASES].sum(axis=1)
-    table["fixed_s"] = table["launch_wall_s"] - table["training_s"]
-    shown = [*PHASES, "exit_s", "launch_wall_s", "fixed_s"]
-    print(f"{len(table)} runs under {results} (median, 10-90 % range, seconds):")
-    for phase in shown:
-        q = table[phase].quantile([0.1, 0.5, 0.9])
-        print(f"  {phase:<24} {q[0.5]:6.2f}   {q[0.1]:6.2f} - {q[0.9]:6.2f}")
+    print(f"{table['runs'].iloc[0]} runs under {results}, {table['rank_server'].iloc[0]} forked by the rank server "
+          "(median, 10-90 % range, seconds):")
+    for row in table.itertuples():
+        print(f"  {row.phase:<24} {row.median_s:6.2f}   {row.p10_s:6.2f} - {row.p90_s:6.2f}")
 
 
 if __name__ == "__main__":

@@ -226,10 +226,31 @@ def test_provenance_says_whether_the_tree_was_dirty(tmp_path, monkeypatch):
 def test_a_run_records_where_its_launch_time_went(run_once):
     """The launch-cost breakdown (docs/measurements.md, "Launch cost"): every phase from the launcher's start of
     the agent to the agent's exit is recorded, none negative, and together they fit in the wall time."""
+    from shardlab.tables.runs import LAUNCH_PHASES
+
     summary, _ = run_once("ddp")
     startup = summary["startup"]
-    phases = ["agent_start_s", "rendezvous_and_spawn_s", "worker_imports_s", "process_group_s", "model_load_s",
-              "strategy_setup_s", "data_and_resume_s", "training_s", "save_and_gather_s"]
-    assert all(startup[p] >= 0 for p in phases), startup
-    assert sum(startup[p] for p in phases) <= startup["launch_wall_s"]
+    assert all(startup[p] >= 0 for p in LAUNCH_PHASES), startup
+    assert sum(startup[p] for p in LAUNCH_PHASES) <= startup["launch_wall_s"]
     assert 0 < startup["first_step_s"] <= startup["training_s"]
+
+
+def test_the_launch_cost_table_counts_each_launch_once():
+    """Medians over finished runs that launched: a failed run and a shared reference (a copy of another
+    run's launch) are left out; exit is the wall time no phase accounts for, fixed all but training."""
+    import pandas as pd
+
+    from shardlab.tables.runs import LAUNCH_PHASES, launch_cost
+
+    def run(status, wall, training, reused=None, forked=True):
+        phases = {f"startup.{p}": 0.1 for p in LAUNCH_PHASES}
+        return {"status": status, "reused_from": reused, "environment.rank_server": forked, **phases,
+                "startup.training_s": training, "startup.launch_wall_s": wall}
+
+    runs = pd.DataFrame([run("ok", 3.0, 2.0), run("ok", 5.0, 2.0, forked=False), run("ok", 3.0, 2.0, reused="x"),
+                         run("failed", 99.0, 1.0)])
+    cost = launch_cost(runs).set_index("phase")
+    assert cost.loc["launch_wall_s", "median_s"] == 4.0 and cost.loc["training_s", "median_s"] == 2.0
+    assert cost.loc["fixed_s", "median_s"] == 2.0
+    assert cost.loc["exit_s", "median_s"] == pytest.approx(4.0 - 2.0 - 0.1 * (len(LAUNCH_PHASES) - 1))
+    assert set(cost["runs"]) == {2} and set(cost["rank_server"]) == {"1 of 2"}

@@ -18,6 +18,7 @@ RUNS_TABLES = table_files(
     "parity",
     "parity_rule",
     "environments",
+    "launch_cost",
     "experiments",
     "strategies",
     "mechanisms",

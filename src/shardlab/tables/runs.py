@@ -14,6 +14,10 @@
 - parity_sensitivity (when the study has `parity_sensitivity`): the same rule against errors injected
   on purpose, per dtype (`bench.parity_sensitivity`)
 - environments: the distinct software/hardware environments the finished runs ran in
+- launch_cost: where a launch's time goes, per phase (`startup` in each summary: agent start, rendezvous
+  and spawn, the ranks' imports, process group, model load, strategy set-up, data and resume, training,
+  save, the agent's exit), median and 10-90 % range over the finished runs that launched, and the fixed
+  cost (the launch's wall time less training)
 - experiments: one row per experiment: model, parameters, steps, tokens per step, finished runs
 """
 
@@ -106,6 +110,31 @@ def environments(runs: pd.DataFrame) -> pd.DataFrame:
     return ok[cols].drop_duplicates().rename(columns=lambda c: c.removeprefix("environment."))
 
 
+LAUNCH_PHASES = ("agent_start_s", "rendezvous_and_spawn_s", "worker_imports_s", "process_group_s", "model_load_s",
+                 "strategy_setup_s", "data_and_resume_s", "training_s", "save_and_gather_s")
+LAUNCH_COST_COLUMNS = ["phase", "median_s", "p10_s", "p90_s", "runs", "rank_server"]
+
+
+def launch_cost(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per launch phase, the median and 10-90 % range (seconds) over the finished runs that launched
+    (not shared references); `exit_s` is the rest of the launch's wall time, `fixed_s` all but training."""
+    ok = _ok(runs)
+    if "reused_from" in ok:  # a shared reference repeats the launch it borrows
+        ok = ok[ok["reused_from"].isna()]
+    columns = [f"startup.{phase}" for phase in (*LAUNCH_PHASES, "launch_wall_s")]
+    if ok.empty or not set(columns) <= set(ok):
+        return pd.DataFrame(columns=LAUNCH_COST_COLUMNS)
+    phases = ok[columns].dropna().rename(columns=lambda c: c.removeprefix("startup."))
+    phases["exit_s"] = phases["launch_wall_s"] - phases[list(LAUNCH_PHASES)].sum(axis=1)
+    phases["fixed_s"] = phases["launch_wall_s"] - phases["training_s"]
+    forked = ok.loc[phases.index].get("environment.rank_server", pd.Series(False, index=phases.index))
+    quantiles = phases.quantile([0.5, 0.1, 0.9]).T
+    return pd.DataFrame({"phase": quantiles.index, "median_s": quantiles[0.5].values, "p10_s": quantiles[0.1].values,
+                         "p90_s": quantiles[0.9].values, "runs": len(phases),
+                         "rank_server": f"{int(forked.fillna(False).astype(bool).sum())} of {len(phases)}"},
+                        columns=LAUNCH_COST_COLUMNS)
+
+
 def experiments(runs: pd.DataFrame) -> pd.DataFrame:
     ok = _ok(runs)
     if ok.empty:
@@ -136,6 +165,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     if "parity_sensitivity_losses" in inputs.tables:  # the rule against injected errors (bench.parity_sensitivity)
         tables["parity_sensitivity"] = sensitivity_rows(inputs.tables["parity_sensitivity_losses"], inputs.experiments)
     tables["environments"] = environments(tables["runs"])
+    tables["launch_cost"] = launch_cost(tables["runs"])
     tables["experiments"] = experiments(tables["runs"])
     tables["rank_predictions"] = predictions
     tables["strategies"], tables["mechanisms"] = strategies(), mechanisms(inputs.summaries, predictions)
