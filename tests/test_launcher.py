@@ -185,6 +185,19 @@ def test_torch_plain_error_file_takes_the_rank_from_its_folder(tmp_path):
     assert failure_outcome(_outcome(tmp_path))["reason"] == "rank 1: KeyError: 'x'"
 
 
+def test_an_error_file_cut_off_by_the_stop_is_not_a_reason(tmp_path):
+    """A rank stopped while writing its error file (its peer died first) leaves it empty or cut: the
+    peer's death stays the reason, and the cut file is no failure of its own."""
+    (tmp_path / "run.log").write_text(TORCHRUN_REPORT)
+    _error(tmp_path, 1, "RuntimeError", "[pair.cc:553] Connection closed by peer", 1.0)
+    folder = tmp_path / RANK_LOG_DIR / "run_abc" / "attempt_0" / "2"
+    folder.mkdir(parents=True)
+    for cut in ("", '{"message": {"message": "Runti'):
+        (folder / "error.json").write_text(cut)
+        outcome = failure_outcome(_outcome(tmp_path))
+        assert outcome["reason"].startswith("rank 0: killed by SIGKILL") and len(outcome["failures"]) == 2
+
+
 def test_torchruns_own_error_is_the_reason_when_no_rank_left_one(tmp_path):
     (tmp_path / AGENT_ERROR_FILE).write_text(json.dumps({"message": {"message": "RendezvousTimeoutError: no peers",
                                                                       "extraInfo": {"timestamp": "1"}}}))

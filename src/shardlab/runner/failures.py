@@ -110,9 +110,15 @@ def is_collective_timeout(error: dict) -> bool:
 
 
 def rank_errors(run_dir: Path) -> list[dict]:
-    """Every rank's error file under the run's torchrun log folder."""
-    paths = sorted((run_dir / RANK_LOG_DIR).glob("*/attempt_*/*/error.json"))
-    return [parse_error_file(json.loads(p.read_text()), int(p.parent.name)) for p in paths]
+    """Every rank's error file under the run's torchrun log folder. A file that is not whole JSON was
+    being written when the run's ranks were stopped (a peer's failure stops them all): it says nothing."""
+    errors = []
+    for path in sorted((run_dir / RANK_LOG_DIR).glob("*/attempt_*/*/error.json")):
+        try:
+            errors.append(parse_error_file(json.loads(path.read_text()), int(path.parent.name)))
+        except json.JSONDecodeError:
+            continue
+    return errors
 
 
 def agent_error(run_dir: Path) -> list[dict]:
