@@ -381,7 +381,7 @@ def test_a_benchmark_that_hits_its_timeout_leaves_no_rank_running(tmp_path, monk
     from shardlab.bench.comm import resolve_settings, run_benchmark
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the launch's run folder: under tmp_path
-    settings = dict(resolve_settings({"collectives": ["all_reduce"], "max_bytes": 1024}), repeats=10**9, timeout_s=25)
+    settings = dict(resolve_settings({"collectives": ["all_reduce"], "max_bytes": 1024}), repeats=10**9, timeout_s=18)
     seen, stop = set(), threading.Event()
     watcher = threading.Thread(target=_ranks_seen, args=(str(tmp_path), seen, stop), daemon=True)
     watcher.start()
@@ -390,7 +390,7 @@ def test_a_benchmark_that_hits_its_timeout_leaves_no_rank_running(tmp_path, monk
     finally:
         stop.set()
         watcher.join()
-    assert table["status"].tolist() == ["failed: timed out after 25 s (comm_bench.timeout_s); the run was stopped"]
+    assert table["status"].tolist() == ["failed: timed out after 18 s (comm_bench.timeout_s); the run was stopped"]
     assert len(seen) >= 2, "the ranks never started before the deadline"
     assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not run_processes(str(tmp_path))

@@ -180,7 +180,10 @@ def run_attempt(exp, exp_config, strategy, model_dir, tokens, out, attempt, base
 
 
 def run_environment(exp: dict, strategy: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank(exp, strategy)), PYTHONUNBUFFERED="1")
+    # Both thread pools as the rank will set them (torch.set_num_threads in init_topology), whatever the
+    # caller's environment says (Snakemake sets MKL's to the job's threads): ranks start in one rank server.
+    threads = str(threads_per_rank(exp, strategy))
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' deterministic mode (training.deterministic)
     if on_cpu(exp["launch"]["device"]):
         env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed otherwise looks for a GPU

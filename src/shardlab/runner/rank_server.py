@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 CLIENT = Path(__file__).with_name("rank_client.py")
-IDLE_S = 120.0  # a server without ranks for this long exits (the next launch starts another)
+IDLE_S = 300.0  # a server without ranks for this long exits (the next launch starts another, ~5 s)
 START_TIMEOUT_S = 120.0  # the imports take ~5 s on a busy 2-core machine
 # Environment variables read while importing torch, transformers or the worker: a server serves only
 # launches that agree on them. Read after the fork (rendezvous, per-rank settings): not part of it.
