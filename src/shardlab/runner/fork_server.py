@@ -35,7 +35,6 @@ def preload_modules() -> list[str]:
             *sorted({spec.target.split(":")[0] for spec in REGISTRY.values()})]
 
 
-
 def _read_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
     """(request, its three stdio fds); (None, []) for a ping or a client gone before it asked."""
     conn.settimeout(5.0)  # a client that connects and says nothing must not stall the server
