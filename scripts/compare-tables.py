@@ -37,6 +37,7 @@ _THROUGHPUT_RATIOS = ("reference_tokens_per_s", "ratio_to_reference", "ratio_to_
 _RANKING = ("step_time_mean_abs_error_pct", "step_time_worst_abs_error_pct", "step_time_spearman_rho",
             "step_time_pairs_beyond_noise", "step_time_pairs_ordered_as_measured")
 NOISY = {
+    "launch_cost": ("median_s", "p10_s", "p90_s"),  # every phase of a launch is a clock reading
     "runs": ("attempt", "started", "finished", "environment.git_commit", "environment.git_dirty",
              "environment.hostname", "environment.python", "startup.agent_start_s", "startup.data_and_resume_s",
              "startup.first_step_s", "startup.launch_wall_s", "startup.model_load_s", "startup.process_group_s",
