@@ -57,12 +57,12 @@ def torchrun_command(n_procs: int, run_args: list[str], module: str = "shardlab.
 
 
 def launch_module(world: int, module: str, module_args: list[str], run_dir: Path, output: Path, timeout_s: float,
-                  timeout_setting: str, env: dict | None = None, device: str = "auto") -> str | None:
+                  timeout_setting: str, env: dict | None = None) -> str | None:
     """A benchmark's torchrun job: `module` on `world` ranks of this machine, owned as a run is (`run_torchrun`).
     None when it finished and wrote `output`, else why not (one line). `module_args` must name `run_dir`
     (`output` lies in it), so that no rank can outlive the launch. Raises Interrupted on SIGTERM/SIGINT."""
     env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
-    server = rank_server_for(env, device)
+    server = rank_server_for(env, "auto")
     outcome = run_torchrun(torchrun_command(world, module_args, module=module, server=server), run_dir, env, timeout_s)
     return launch_failure(outcome, output, timeout_setting)
 
@@ -73,7 +73,11 @@ def rank_server_for(env: dict, device: str, wanted: bool = True) -> Path | None:
     as torchrun starts them)."""
     if not wanted or not on_cpu(device):
         return None
-    server = rank_server.server_for(env)
+    try:
+        server = rank_server.server_for(env)
+    except OSError as err:  # e.g. no writable folder for its socket
+        console(f"[launch] no rank server ({err}): the ranks import for themselves")
+        return None
     if server is None:
         console(f"[launch] no rank server came up within {rank_server.START_TIMEOUT_S:.0f} s (its log: "
                 f"{rank_server.state_dir()}): the ranks import for themselves")
