@@ -114,6 +114,15 @@ def test_a_server_serves_only_launches_with_its_import_time_settings():
         assert rank_server.server_key(dict(base, **{name: value})) != key, name  # read while importing
 
 
+def test_a_server_that_cannot_start_is_given_up_at_once(tmp_path):
+    """Its imports fail (here a broken `torch` first on the path): the launcher hears so when the server
+    exits, not at the start timeout, and its ranks then start as torchrun starts them."""
+    (tmp_path / "torch.py").write_text("raise ImportError('broken on purpose')\n")
+    started = time.monotonic()
+    assert rank_server.server_for(dict(os.environ, PYTHONPATH=str(tmp_path)), timeout_s=120) is None
+    assert time.monotonic() - started < 60
+
+
 def test_an_edited_source_file_makes_a_new_server(tmp_path):
     source = rank_server.CLIENT.with_name("faults.py")
     stat = source.stat()

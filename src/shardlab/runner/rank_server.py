@@ -54,11 +54,11 @@ def state_dir() -> Path:
 
 
 def _code_fingerprint() -> list:
-    """shardlab's source files (name, mtime, size) and where torch and transformers are installed: an
-    edit or a reinstall makes a new server."""
+    """Where shardlab is and its source files (name, mtime, size), and where torch and transformers are
+    installed: another checkout, an edit or a reinstall makes a new server."""
     root = Path(__file__).resolve().parents[1]
     files = sorted(root.rglob("*.py"))
-    stamps = [(str(p.relative_to(root)), p.stat().st_mtime_ns, p.stat().st_size) for p in files]
+    stamps = [str(root), *((str(p.relative_to(root)), p.stat().st_mtime_ns, p.stat().st_size) for p in files)]
     for package in ("torch", "transformers"):
         spec = importlib.util.find_spec(package)
         origin = Path(spec.origin) if spec and spec.origin else None
@@ -69,7 +69,7 @@ def _code_fingerprint() -> list:
 def server_key(env: dict) -> str:
     """What a server's imports depend on: interpreter, code, and the import-time environment."""
     settings = sorted((k, v) for k, v in env.items() if k.startswith(SERVER_ENV) and not k.startswith(PER_LAUNCH_ENV))
-    blob = json.dumps([sys.executable, sys.path, settings, _code_fingerprint()])
+    blob = json.dumps([sys.executable, settings, _code_fingerprint()])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -92,13 +92,16 @@ def server_for(env: dict, timeout_s: float = START_TIMEOUT_S) -> Path | None:
     path = state_dir() / f"{key}.sock"
     if ping(path):
         return path
-    log = (state_dir() / f"{key}.log").open("a")
-    subprocess.Popen([sys.executable, "-m", "shardlab.runner.fork_server", str(path)], env=env, cwd="/",
-                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with (state_dir() / f"{key}.log").open("a") as log:
+        server = subprocess.Popen([sys.executable, "-m", "shardlab.runner.fork_server", str(path)], env=env, cwd="/",
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
     deadline = time.time() + timeout_s
     while time.time() < deadline:  # a server already starting (another launcher's) answers too
         if ping(path):
             return path
+        if server.poll():  # it failed (exit 0: another launcher's server holds the lock; wait for it)
+            return None
         time.sleep(0.05)
     return None
 
