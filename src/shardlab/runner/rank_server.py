@@ -118,7 +118,11 @@ def registry() -> Path:
 def forked_ranks(tag: str) -> dict[int, list[str]]:
     """{pid: [module, *argv]} of the live forked processes whose arguments name `tag` (a run folder)."""
     found = {}
-    for entry in registry().glob("*.json"):
+    try:
+        entries = list(registry().glob("*.json"))
+    except OSError:  # no folder for servers here: none forked anything
+        return found
+    for entry in entries:
         try:
             argv = json.loads(entry.read_text())["argv"]
         except (OSError, ValueError, KeyError):
