@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 
 from shardlab.runner.metrics import FORKED_MARK
-from shardlab.runner.rank_server import IDLE_S, START_TIMEOUT_S, ping, registry
+from shardlab.runner.rank_server import IDLE_S, START_TIMEOUT_S, import_settings, ping, registry
 
 
 def preload_modules() -> list[str]:
@@ -216,7 +216,8 @@ def main(argv: list[str]) -> None:
     modules = preload_modules()
     for module in modules:
         importlib.import_module(module)
-    print(f"[rank-server] {os.getpid()} imported {len(modules)} modules in {time.time() - started:.1f} s", flush=True)
+    print(f"[rank-server] {os.getpid()} imported {len(modules)} modules in {time.time() - started:.1f} s, for "
+          f"{' '.join(f'{k}={v}' for k, v in import_settings(dict(os.environ)))}", flush=True)
     Server(path, lock).serve()
 
 

@@ -66,10 +66,14 @@ def _code_fingerprint() -> list:
     return stamps
 
 
+def import_settings(env: dict) -> list[tuple[str, str]]:
+    """The variables of `env` that importing torch, transformers or the worker may read (SERVER_ENV)."""
+    return sorted((k, v) for k, v in env.items() if k.startswith(SERVER_ENV) and not k.startswith(PER_LAUNCH_ENV))
+
+
 def server_key(env: dict) -> str:
     """What a server's imports depend on: interpreter, code, and the import-time environment."""
-    settings = sorted((k, v) for k, v in env.items() if k.startswith(SERVER_ENV) and not k.startswith(PER_LAUNCH_ENV))
-    blob = json.dumps([sys.executable, settings, _code_fingerprint()])
+    blob = json.dumps([sys.executable, import_settings(env), _code_fingerprint()])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
