@@ -62,6 +62,8 @@ def launch_module(world: int, module: str, module_args: list[str], run_dir: Path
     None when it finished and wrote `output`, else why not (one line). `module_args` must name `run_dir`
     (`output` lies in it), so that no rank can outlive the launch. Raises Interrupted on SIGTERM/SIGINT."""
     env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    if "OMP_NUM_THREADS" in env:  # MKL's pool as the rank will set it too (torch.set_num_threads), as runs do
+        env["MKL_NUM_THREADS"] = env["OMP_NUM_THREADS"]
     server = rank_server_for(env, "auto")
     outcome = run_torchrun(torchrun_command(world, module_args, module=module, server=server), run_dir, env, timeout_s)
     return launch_failure(outcome, output, timeout_setting)
