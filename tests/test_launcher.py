@@ -239,13 +239,19 @@ def test_provenance_says_whether_the_tree_was_dirty(tmp_path, monkeypatch):
 def test_a_run_records_where_its_launch_time_went(run_once):
     """The launch-cost breakdown (docs/measurements.md, "Launch cost"): every phase from the launcher's start of
     the agent to the agent's exit is recorded, none negative, and together they fit in the wall time."""
-    from shardlab.tables.runs import LAUNCH_PHASES
+    import pandas as pd
+
+    from shardlab.tables.runs import LAUNCH_PHASES, launch_cost
 
     summary, _ = run_once("ddp")
     startup = summary["startup"]
     assert all(startup[p] >= 0 for p in LAUNCH_PHASES), startup
     assert sum(startup[p] for p in LAUNCH_PHASES) <= startup["launch_wall_s"]
     assert 0 < startup["first_step_s"] <= startup["training_s"]
+    # ...and the launch-cost table reads exactly what the run wrote (its summary, flattened as the runs table is)
+    cost = launch_cost(pd.json_normalize([summary])).set_index("phase")
+    assert cost.loc["fixed_s", "median_s"] == pytest.approx(startup["launch_wall_s"] - startup["training_s"])
+    assert cost.loc["fixed_s", "rank_server"] == "1 of 1"  # on CPU the ranks were forked by the rank server
 
 
 def test_the_launch_cost_table_counts_each_launch_once():
