@@ -107,7 +107,7 @@ def test_multi_node_command_under_slurm_and_standalone_otherwise(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
     command, where = agent_command(exp, 8, ["--x"], restart=0, env=dict(os.environ))
-    assert "--standalone" in command and "--nproc-per-node=8" in command and "no Slurm job" in where
+    assert "--rdzv-backend=static" in command and "--nproc-per-node=8" in command and "no Slurm job" in where
 
     monkeypatch.setenv("SLURM_JOB_ID", "4711")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
@@ -115,7 +115,7 @@ def test_multi_node_command_under_slurm_and_standalone_otherwise(monkeypatch):
     command, where = agent_command(exp, 8, ["--x"], restart=1, env=dict(os.environ))
     assert command[:command.index(command[5])] == ["srun", "--ntasks=2", "--cpus-per-task=8", "--kill-on-bad-exit=1",
                                                    "--cpu-bind=none"]
-    assert "--gres=gpu:4" in command and "--nproc-per-node=4" in command and "--standalone" not in command
+    assert "--gres=gpu:4" in command and "--nproc-per-node=4" in command and "--rdzv-backend=static" not in command
     assert {"--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=gpu07:{20000 + 4711}",
             "--rdzv-id=shardlab-4711-1"} <= set(command)
     # without the node list in the environment (the executor's job step strips it), scontrol show job

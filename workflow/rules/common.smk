@@ -98,6 +98,12 @@ def job_threads(threads_used):
         return threads_used
 
 
+# Measuring jobs go first whenever one is ready: run one at a time (job_threads), they would otherwise
+# alternate with one-thread jobs (tables, evaluations) that then run alone beside an idle core; deferred,
+# those gather and run side by side once the measurements are done.
+MEASURING = 1
+
+
 def run_threads(exp, strategy):
     return job_threads(run_resources(EXPERIMENTS[exp], strategy)["threads"])
 

@@ -32,6 +32,7 @@ rule run_strategy:
         ENV
     # Locally all cores: runs never overlap, so no run's timings are polluted by another's.
     threads: lambda w: run_threads(w.exp, w.strategy)
+    priority: MEASURING
     resources:
         nodes=run_job_resource("nodes"),
         tasks=run_job_resource("tasks"),

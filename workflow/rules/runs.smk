@@ -64,6 +64,7 @@ if SENSITIVITY:
             ENV
         # Locally all cores, like a run: its 2 ranks train while nothing else shares the CPUs.
         threads: job_threads(launch_threads(EXPERIMENTS[SENSITIVITY["experiment"]]["launch"], 2))
+        priority: MEASURING
         params:
             model_dir=lambda w, input: os.path.dirname(input.model),
             dtypes=",".join(SENSITIVITY["dtypes"]),

@@ -56,6 +56,7 @@ rule pretrain:
         ENV
     # Locally all cores, like a run: the pretraining is a training run of the study's runner.
     threads: lambda w: job_threads(run_resources(*PRETRAIN_RUNS[w.model])["threads"])
+    priority: MEASURING
     params:
         settings=lambda w: json.dumps(STUDY.pretrain_settings(w.model), sort_keys=True),
         out=lambda w: model_dir(w.model),
@@ -99,9 +100,9 @@ rule science_evaluate:
         exp="|".join(SCIENCE_EXPERIMENTS) or "(?!)",
     conda:
         ENV
-    # Distinct models (base, snapshots, final) are scored in parallel, one process of one torch thread each
-    # (tiny forwards): the three evaluations take 39-41 s of the DAG on 2 cores, against about 52 s in one process.
-    threads: 2
+    # One torch thread (tiny forwards): the three evaluations run side by side with each other and the tables
+    # once the runs are done (MEASURING), which on 2 cores beat one evaluation at a time over 2 processes.
+    threads: 1
     params:
         runs=lambda w: f"{RESULTS}/{w.exp}/runs",
         splits=lambda w: f"{RESULTS}/{w.exp}/splits",

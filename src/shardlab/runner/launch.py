@@ -22,6 +22,7 @@ from shardlab.core.model import SNAPSHOTS
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError, Interrupted
 from shardlab.runner import rank_server
+from shardlab.runner.agent import ANY_PORT
 from shardlab.runner.failures import failure_outcome, launch_failure
 from shardlab.runner.metrics import attempt_resumes, now, write_json
 from shardlab.runner.nodes import Rendezvous, slurm_job_id, slurm_rendezvous, srun_prefix
@@ -42,12 +43,17 @@ def resolve_world_size(exp: dict, strategy: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
+# One node alone: torch's static rendezvous (`runner.agent` puts a free port for the 0). `--standalone` (c10d
+# rendezvous) first sleeps a random 0-0.3 s to spread many nodes' joins, which a lone node only waits for.
+STANDALONE = ["--nnodes=1", "--node-rank=0", "--rdzv-backend=static", f"--rdzv-endpoint={ANY_PORT}"]
+
+
 def torchrun_command(n_procs: int, run_args: list[str], module: str = "shardlab.runner.worker",
                      rendezvous: Rendezvous | None = None, server: Path | None = None) -> list[str]:
     """torchrun's command line for `module`, run by `shardlab.runner.agent` (torchrun without its teardown):
-    `n_procs` ranks on this node, alone (--standalone) or as one of `rendezvous.nodes` agents; with a rank
+    `n_procs` ranks on this node, alone (`STANDALONE`) or as one of `rendezvous.nodes` agents; with a rank
     `server`'s socket, each rank is a client that the server forks the rank for (`runner.rank_server`)."""
-    where = ["--standalone"] if rendezvous is None else rendezvous.torchrun_args()
+    where = STANDALONE if rendezvous is None else rendezvous.torchrun_args()
     if server is None:
         return [sys.executable, "-m", "shardlab.runner.agent", *where, f"--nproc-per-node={n_procs}", "-m", module,
                 *run_args]
