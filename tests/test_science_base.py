@@ -233,7 +233,7 @@ def test_fine_tuning_starts_from_the_pretrained_weights(tmp_path):
     the fine-tuning's first loss is the pretrained model's loss on that batch, not the initial model's
     (a run that silently started from random weights fails here)."""
     from shardlab.core.data import prepare_corpus
-    from shardlab.pretrain import pretrain
+    from shardlab.pretrain import build_corpus, pretrain
     from shardlab.runner.launch import launch
     from shardlab.study import load_study_file, pretrain_settings
 
@@ -246,7 +246,8 @@ def test_fine_tuning_starts_from_the_pretrained_weights(tmp_path):
     model["name"] = "test-base"
     settings = pretrain_settings(model, experiments)
     base = tmp_path / "models" / "test-base"
-    record = pretrain(settings, base, REPO)
+    build_corpus(settings, base, REPO)
+    record = pretrain(settings, base)
     assert record["tokenizer_used"] == "char" and (base / "tokenizers.test-base.csv").is_file()
     assert record["pretraining"]["final_val_loss"] < math.log(record["vocab_size"])  # it learned something
     # The tokenizer's tokens, padded to embedding rows that split over TP degrees up to 128.

@@ -2,9 +2,9 @@
 science domains (the union of the experiments' training sequences, without their conditions), saved
 like a hub checkpoint that each science experiment fine-tunes on the conditional task.
 
-    python -m shardlab pretrain --settings JSON --out resources/models/<name> [--base-dir DIR]
+    python -m shardlab pretrain --settings JSON --out resources/models/<name> [--base-dir DIR] [--step STEP]
 
-Steps: read every listed experiment's training rows (never its validation or test rows) as
+Steps (`--step corpus`, then `--step train`: the workflow's jobs pretrain_corpus and pretrain): read every listed experiment's training rows (never its validation or test rows) as
 conditional text; measure the tokenizer candidates on each domain and pick one
 (`shardlab.science.tokenization`, table tokenizers.<name>.csv beside the model), fitted on the
 conditional text so that the tags have tokens; build the initial model; train it on the sequences
@@ -85,12 +85,14 @@ def choose_tokenizer(model_cfg: dict, docs: dict, corpora: list[dict], texts: li
     return kind
 
 
-def pretrain(settings: dict, out: Path, base_dir: Path) -> dict:
-    """Build, train and save the base model into `out`; returns its record."""
-    from shardlab.runner.launch import launch
+CORPUS_RECORD = "pretraining/corpus/corpus.json"  # what the training step needs of the corpus step
 
-    model_cfg, exp, corpora = settings["model"], settings["experiment"], settings["corpora"]
-    work = out / "pretraining"  # kept across job attempts: a checkpointed pretraining resumes
+
+def build_corpus(settings: dict, out: Path, base_dir: Path) -> dict:
+    """The corpus step (one thread): choose and fit the tokenizer, encode the sequences and build the
+    initial model under `out`/pretraining; returns the corpus record."""
+    model_cfg, corpora = settings["model"], settings["corpora"]
+    work = out / "pretraining"
     (work / "corpus").mkdir(parents=True, exist_ok=True)
     docs = domain_documents(corpora, base_dir)
     seed = model_cfg.get("seed", 0)
@@ -107,6 +109,20 @@ def pretrain(settings: dict, out: Path, base_dir: Path) -> dict:
     build_local_model({**model_cfg, "vocab_size": padded_vocab_size(len(tokenizer))}, work / "init")
     init_record = {"name": model_cfg["name"], "source": "local", "shape": architecture(work / "init" / "config.json")}
     (work / "init" / "shardlab_model.json").write_text(json.dumps(init_record))
+    record = {"tokenizer_used": kind, "vocab_size": len(tokenizer), "documents": len(sequences),
+              "corpus_tokens": int(tokens.size)}
+    (out / CORPUS_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True))
+    return record
+
+
+def pretrain(settings: dict, out: Path) -> dict:
+    """The training step: train the initial model on the prepared corpus with the study's runner and
+    save the result into `out`; returns its record."""
+    from shardlab.runner.launch import launch
+
+    model_cfg, exp = settings["model"], settings["experiment"]
+    work = out / "pretraining"  # kept across job attempts: a checkpointed pretraining resumes
+    corpus = json.loads((out / CORPUS_RECORD).read_text())
     exp_config = work / "experiment.json"
     exp_config.write_text(json.dumps(exp, indent=2, sort_keys=True))
     run = work / "runs" / exp["strategies"][0]  # the runner keeps attempts/ and checkpoints/ beside runs/
@@ -115,9 +131,11 @@ def pretrain(settings: dict, out: Path, base_dir: Path) -> dict:
         raise RuntimeError(f"pretraining {summary['status']}: {summary.get('reason')} (log: {run / 'run.log'})")
     for item in (run / "model").iterdir():
         shutil.copy2(item, out / item.name)
-    record = {**model_cfg, "tokenizer_used": kind, "vocab_size": len(tokenizer), "shape": architecture(out / "config.json"),
-              "pretraining": {"documents": len(sequences), "conditions": False, "corpus_tokens": int(tokens.size),
-                              "steps": exp["training"]["steps"], "final_val_loss": summary.get("final_val_loss"),
+    record = {**model_cfg, "tokenizer_used": corpus["tokenizer_used"], "vocab_size": corpus["vocab_size"],
+              "shape": architecture(out / "config.json"),
+              "pretraining": {"documents": corpus["documents"], "conditions": False,
+                              "corpus_tokens": corpus["corpus_tokens"], "steps": exp["training"]["steps"],
+                              "final_val_loss": summary.get("final_val_loss"),
                               "train_wall_s": summary.get("train_wall_s"), "run": str(run)}}
     (out / "shardlab_model.json").write_text(json.dumps(record, indent=2, sort_keys=True))
     return record
@@ -130,10 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--base-dir", type=cli.existing_dir, default=Path("."),
                         help="what the corpora's paths are relative to")
+    parser.add_argument("--step", choices=("corpus", "train", "all"), default="all",
+                        help="corpus: tokenizer, tokens and initial model (one thread); train: the training run "
+                             "on them (the workflow runs the two as separate jobs); all: both")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.step in ("corpus", "all"):
+        build_corpus(args.settings, args.out, args.base_dir)
+    if args.step == "corpus":
+        return 0
     try:
-        record = pretrain(args.settings, args.out, args.base_dir)
+        record = pretrain(args.settings, args.out)
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -15,11 +15,11 @@ rule comm_bench:
         fit=COMM_BENCH_TABLES[1],
     log:
         f"{RESULTS}/logs/comm_bench.log",
+    priority: MEASURING
     conda:
         ENV
     # Locally all cores, like a training run: no other job may share the CPUs while collectives are timed.
     threads: job_threads(launch_threads({"threads_per_rank": 1}, config["comm_bench"]["world_size"]))
-    priority: MEASURING
     resources:
         gpu=bench_gpus(config["comm_bench"], config["comm_bench"]["world_size"]),
         tasks_per_gpu=0,

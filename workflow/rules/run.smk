@@ -28,11 +28,11 @@ rule run_strategy:
         metrics=f"{RESULTS}/{{exp}}/runs/{{strategy}}/metrics.jsonl",
     log:
         f"{RESULTS}/{{exp}}/logs/{{strategy}}.log",
+    priority: MEASURING
     conda:
         ENV
     # Locally all cores: runs never overlap, so no run's timings are polluted by another's.
     threads: lambda w: run_threads(w.exp, w.strategy)
-    priority: MEASURING
     resources:
         nodes=run_job_resource("nodes"),
         tasks=run_job_resource("tasks"),

@@ -60,11 +60,11 @@ if SENSITIVITY:
             SENSITIVITY_LOSSES,
         log:
             f"{RESULTS}/logs/parity_sensitivity.log",
+        priority: MEASURING
         conda:
             ENV
         # Locally all cores, like a run: its 2 ranks train while nothing else shares the CPUs.
         threads: job_threads(launch_threads(EXPERIMENTS[SENSITIVITY["experiment"]]["launch"], 2))
-        priority: MEASURING
         params:
             model_dir=lambda w, input: os.path.dirname(input.model),
             dtypes=",".join(SENSITIVITY["dtypes"]),

@@ -37,33 +37,53 @@ SCIENCE_INPUTS = {
 
 # The science base model (model.source: pretrain): pretrained once on the union of the science
 # experiments' training parts, by the study's runner, then fine-tuned by every science run like a
-# hub checkpoint. Logic: shardlab.pretrain, shardlab.science.tokenization.
+# hub checkpoint: its corpus (tokenizer measured and fitted, tokens, initial model) in a one-thread job,
+# then its training run. Logic: shardlab.pretrain, shardlab.science.tokenization.
 ruleorder: pretrain > prepare_model
 
 
-rule pretrain:
+rule pretrain_corpus:
     input:
         sources=lambda w: [repo_path(c["path"]) for c in STUDY.pretrain_settings(w.model)["corpora"]],
-        code=lambda w: sources_of("pretrain") + run_sources(PRETRAIN_RUNS[w.model][1]),
+        code=lambda w: sources_of("pretrain"),
     output:
-        record=f"{RESOURCES}/models/{{model}}/shardlab_model.json",
+        corpus=f"{RESOURCES}/models/{{model}}/pretraining/corpus/corpus.json",
         tokenizers=f"{RESOURCES}/models/{{model}}/tokenizers.{{model}}.csv",
     log:
-        f"{RESOURCES}/logs/pretrain_{{model}}.log",
+        f"{RESOURCES}/logs/pretrain_corpus_{{model}}.log",
     wildcard_constraints:
         model="|".join(PRETRAINED) or "(?!)",
     conda:
         ENV
-    # Locally all cores, like a run: the pretraining is a training run of the study's runner.
-    threads: lambda w: job_threads(run_resources(*PRETRAIN_RUNS[w.model])["threads"])
-    priority: MEASURING
     params:
         settings=lambda w: json.dumps(STUDY.pretrain_settings(w.model), sort_keys=True),
         out=lambda w: model_dir(w.model),
         base=workflow.basedir,
     shell:
-        "python -m shardlab pretrain --settings {params.settings:q} --out {params.out} --base-dir {params.base:q}"
-        " > {log} 2>&1"
+        "python -m shardlab pretrain --step corpus --settings {params.settings:q} --out {params.out}"
+        " --base-dir {params.base:q} > {log} 2>&1"
+
+
+rule pretrain:
+    input:
+        corpus=rules.pretrain_corpus.output.corpus,
+        code=lambda w: sources_of("pretrain") + run_sources(PRETRAIN_RUNS[w.model][1]),
+    output:
+        record=f"{RESOURCES}/models/{{model}}/shardlab_model.json",
+    log:
+        f"{RESOURCES}/logs/pretrain_{{model}}.log",
+    wildcard_constraints:
+        model="|".join(PRETRAINED) or "(?!)",
+    priority: MEASURING
+    conda:
+        ENV
+    # Locally all cores, like a run: the pretraining is a training run of the study's runner.
+    threads: lambda w: job_threads(run_resources(*PRETRAIN_RUNS[w.model])["threads"])
+    params:
+        settings=lambda w: json.dumps(STUDY.pretrain_settings(w.model), sort_keys=True),
+        out=lambda w: model_dir(w.model),
+    shell:
+        "python -m shardlab pretrain --step train --settings {params.settings:q} --out {params.out} > {log} 2>&1"
 
 
 rule science_splits:

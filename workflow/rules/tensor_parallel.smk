@@ -47,11 +47,11 @@ rule tp_inference:
         TP_INFERENCE,
     log:
         f"{RESULTS}/logs/tp_inference.log",
+    priority: MEASURING
     conda:
         ENV
     # Locally all cores: the timing must not share the CPU with a training run.
     threads: lambda w: job_threads(launch_threads(TP_BENCH_LAUNCH, TP_BENCH_LAUNCH["world_size"]))
-    priority: MEASURING
     resources:
         gpu=lambda w: bench_gpus(TP_BENCH_LAUNCH, TP_BENCH_LAUNCH["world_size"]),
         tasks_per_gpu=0,

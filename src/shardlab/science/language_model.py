@@ -40,24 +40,33 @@ class LanguageModel:
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def _ids_of(self, texts: set[str]) -> dict[str, list[int]]:
+        """Each distinct text tokenized once (a grid repeats every tag and body many times)."""
+        texts = sorted(texts)
+        return dict(zip(texts, self.tokenizer(texts, add_special_tokens=False)["input_ids"])) if texts else {}
+
     def score(self, tags: list[str], bodies: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per pair: (log p of the tag tokens, log p of the body tokens + end, body characters scored).
 
-        Bodies longer than the model's context are cut; only the characters kept are counted."""
+        Bodies longer than the model's context are cut; only the characters kept are counted. Pairs are
+        batched by length, so a batch pads little."""
         import torch
 
+        tag_ids, body_ids = self._ids_of(set(tags)), self._ids_of({" " + body for body in bodies})
         rows, spans = [], []
         for tag, body in zip(tags, bodies):
-            tag_ids, body_ids = self._ids(tag), self._ids(" " + body)
-            room = self.max_len - len(tag_ids) - 2
-            kept = body_ids[:room]
-            chars = len(self.tokenizer.decode(kept).strip()) if len(kept) < len(body_ids) else len(body)
-            rows.append([self.eos, *tag_ids, *kept] + ([self.eos] if len(kept) == len(body_ids) else []))
-            spans.append((len(tag_ids), chars))
+            tag_row, body_row = tag_ids[tag], body_ids[" " + body]
+            room = self.max_len - len(tag_row) - 2
+            kept = body_row[:room]
+            chars = len(self.tokenizer.decode(kept).strip()) if len(kept) < len(body_row) else len(body)
+            rows.append([self.eos, *tag_row, *kept] + ([self.eos] if len(kept) == len(body_row) else []))
+            spans.append((len(tag_row), chars))
         tag_lp, body_lp, chars = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         for start in range(0, len(rows), self.batch_size):
-            batch = rows[start:start + self.batch_size]
-            width = max(map(len, batch))
+            picked = order[start:start + self.batch_size]
+            batch = [rows[i] for i in picked]
+            width = len(batch[-1])
             ids = torch.full((len(batch), width), self.eos, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
             for i, row in enumerate(batch):
@@ -67,11 +76,11 @@ class LanguageModel:
                 logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
             token_lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
             token_lp = (token_lp * mask[:, 1:]).numpy()
-            for i, row in enumerate(batch):
-                n_tag, n_chars = spans[start + i]
-                tag_lp[start + i] = token_lp[i, :n_tag].sum()
-                body_lp[start + i] = token_lp[i, n_tag:len(row) - 1].sum()
-                chars[start + i] = n_chars
+            for i, (row, pair) in enumerate(zip(batch, picked)):
+                n_tag, n_chars = spans[pair]
+                tag_lp[pair] = token_lp[i, :n_tag].sum()
+                body_lp[pair] = token_lp[i, n_tag:len(row) - 1].sum()
+                chars[pair] = n_chars
         return tag_lp, body_lp, chars
 
     def score_grid(self, tags: list[str], bodies: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
