@@ -98,10 +98,11 @@ def job_threads(threads_used):
         return threads_used
 
 
-# Measuring jobs go first whenever one is ready: run one at a time (job_threads), they would otherwise
-# alternate with one-thread jobs (tables, evaluations) that then run alone beside an idle core; deferred,
-# those gather and run side by side once the measurements are done.
-MEASURING = 1
+# Jobs that take every core (runs, benchmarks, pretraining: job_threads) or two (the planner's searches)
+# go first whenever one is ready: they would otherwise alternate with one-thread jobs (tables, evaluations),
+# which then run alone beside an idle core; deferred, those gather and run side by side once the measurements
+# are done, the longest of them (the science evaluations) first.
+MANY_CORES, LONG_ONE_CORE = 2, 1
 
 
 def run_threads(exp, strategy):

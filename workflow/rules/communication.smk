@@ -15,7 +15,7 @@ rule comm_bench:
         fit=COMM_BENCH_TABLES[1],
     log:
         f"{RESULTS}/logs/comm_bench.log",
-    priority: MEASURING
+    priority: MANY_CORES
     conda:
         ENV
     # Locally all cores, like a training run: no other job may share the CPUs while collectives are timed.

@@ -33,6 +33,7 @@ rule planning_tables:
     conda:
         ENV
     threads: 2  # the searches, in as many processes (shardlab.tables.planning.run_searches)
+    priority: MANY_CORES
     params:
         out=lambda w, output: os.path.dirname(output[0]),
         # A change to the planning block changes this param and reruns the rule.

@@ -28,7 +28,7 @@ rule run_strategy:
         metrics=f"{RESULTS}/{{exp}}/runs/{{strategy}}/metrics.jsonl",
     log:
         f"{RESULTS}/{{exp}}/logs/{{strategy}}.log",
-    priority: MEASURING
+    priority: MANY_CORES
     conda:
         ENV
     # Locally all cores: runs never overlap, so no run's timings are polluted by another's.

@@ -60,7 +60,7 @@ if SENSITIVITY:
             SENSITIVITY_LOSSES,
         log:
             f"{RESULTS}/logs/parity_sensitivity.log",
-        priority: MEASURING
+        priority: MANY_CORES
         conda:
             ENV
         # Locally all cores, like a run: its 2 ranks train while nothing else shares the CPUs.

@@ -74,7 +74,7 @@ rule pretrain:
         f"{RESOURCES}/logs/pretrain_{{model}}.log",
     wildcard_constraints:
         model="|".join(PRETRAINED) or "(?!)",
-    priority: MEASURING
+    priority: MANY_CORES
     conda:
         ENV
     # Locally all cores, like a run: the pretraining is a training run of the study's runner.
@@ -121,8 +121,9 @@ rule science_evaluate:
     conda:
         ENV
     # One torch thread (tiny forwards): the three evaluations run side by side with each other and the tables
-    # once the runs are done (MEASURING), which on 2 cores beat one evaluation at a time over 2 processes.
+    # once the runs are done, which on 2 cores beat one evaluation at a time over 2 processes.
     threads: 1
+    priority: LONG_ONE_CORE
     params:
         runs=lambda w: f"{RESULTS}/{w.exp}/runs",
         splits=lambda w: f"{RESULTS}/{w.exp}/splits",

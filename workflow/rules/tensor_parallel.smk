@@ -47,7 +47,7 @@ rule tp_inference:
         TP_INFERENCE,
     log:
         f"{RESULTS}/logs/tp_inference.log",
-    priority: MEASURING
+    priority: MANY_CORES
     conda:
         ENV
     # Locally all cores: the timing must not share the CPU with a training run.
