@@ -120,13 +120,19 @@ def layer_bytes(s: int, b: int, h: int, a: int, intermediate: int, t: int = 1, s
     # many weight matrices of h x i (up, down; gate, up, down).
     wide = 3 if mlp == "swiglu" else 2
     qkv_width = h + 2 * kv_width
-    # Q, K, V (the paper's count; under SDPA: the fused QKV output, see below; the ring kernel keeps fp32 copies)
-    core = (4 if attention == "ring" else v) * sb * qkv_width
+    if recompute == "selective":
+        # The core's inputs only, as the kernel gets them: Q, K, V (the paper's count: eager, flash); under
+        # this GPT-NeoX's SDPA and ring kernels rotary's new Q and K too, V staying a view of the fused QKV
+        # output, kept whole (what `_attention_saved` counts for SDPA beyond Q, K, V).
+        core = v * sb * qkv_width + (v * sb * (h + kv_width) if attention in ("sdpa", "ring") else 0)
+    else:
+        # Q, K, V (the paper's count; under SDPA: the fused QKV output, see below; the ring kernel keeps
+        # fp32 copies), and what the core saves beyond them.
+        core = (4 if attention == "ring" else v) * sb * qkv_width + _attention_saved(
+            s, b, h, a, v, attention, dropout, mask_bytes, kv_width, keys or s)
     # SP that re-gathers in backward saves the column layers' input shard as the LayerNorm wrote it (fp32
     # under autocast), inside one autograd Function: no bf16 copy of that input or of the layer's weight.
     column_bytes, column_copy = (residual_bytes, 0) if split == "tensor_sequence" else (v, copy)
-    if recompute == "none":
-        core += _attention_saved(s, b, h, a, v, attention, dropout, mask_bytes, kv_width, keys or s)
     return {
         "layernorm": by.sp(inputs * residual_bytes * sbh + 2 * 2 * sb * norm_stats_bytes),
         "qkv": by.column_input(column_bytes * sbh) + by.tp(column_copy * h * qkv_width),

@@ -63,9 +63,10 @@ def stage_states(model: ModelShape, plan: Plan, stage: int, tensors: tuple | Non
                               states.grad_peak_bytes + extra, states.offloaded_bytes)
 
 
-def rank_activations(model: ModelShape, plan: Plan, workload: Workload, rank: int) -> float:
-    """Activation bytes world rank `rank` holds at its peak (its pipeline stage's in-flight micro-batches)."""
-    return activation_bytes(model, plan, workload, plan.coordinates(rank)["pp"])
+def rank_activations(model: ModelShape, plan: Plan, workload: Workload, rank: int, working_set: bool = True) -> float:
+    """Activation bytes world rank `rank` holds at its peak (its pipeline stage's in-flight micro-batches);
+    without `working_set`, what its forward left saved for backward (`rank_memory.activation_bytes`)."""
+    return activation_bytes(model, plan, workload, plan.coordinates(rank)["pp"], working_set=working_set)
 
 
 def collectives(model: ModelShape, plan: Plan, workload: Workload) -> list[Call]:

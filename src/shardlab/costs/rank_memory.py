@@ -192,19 +192,21 @@ def layer_activation_bytes(model: ModelShape, plan: Plan, workload: Workload, ra
     return activation_bytes(model, plan, workload, rank, edges=False)
 
 
-def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, edges: bool = True) -> float:
+def activation_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int, edges: bool = True,
+                     working_set: bool = True) -> float:
     """Activation bytes of pipeline rank `rank` at its peak: each chunk's layers and, with `edges`,
     what sits outside them (`edge_activation_bytes`), times the micro-batches the chunk holds at the
     schedule's fullest moment; autocast's bf16 weight copies once (one autocast region runs all the
-    rank's micro-batches); full or per-op recompute: plus one layer's working set."""
+    rank's micro-batches); full or per-op recompute, with `working_set`: plus one layer's working set
+    (what its recomputation saves again in backward; without it, what the forward left saved)."""
     key = (plan.micro_batch, plan.tp, plan.cp, plan.ep, plan.sp, plan.sp_gathered_inputs, plan.activation_precision,
            plan.attention, plan.recompute, plan.vocab_parallel_loss, plan.dtype)
-    per_layer, copies, embedding, head, head_copy, working_set = _activation_terms(model, key, plan, workload)
+    per_layer, copies, embedding, head, head_copy, recomputed = _activation_terms(model, key, plan, workload)
     chunks = rank_chunks(model.num_layers, plan.pp, plan.virtual_stages, rank)
     peaks = in_flight(model.num_layers, plan.schedule, plan.pp, plan.virtual_stages, micro_batches(plan, workload), rank)
     edge = 1.0 if edges else 0.0
     total = max(layers * per_layer + edge * (embeddings * embedding + heads * head) for layers, embeddings, heads in peaks)
-    total += sum(layers for layers, _, _ in chunks) * copies + working_set
+    total += sum(layers for layers, _, _ in chunks) * copies + (recomputed if working_set else 0.0)
     if edges and any(has_head for _, _, has_head in chunks):
         total += head_copy
     return total

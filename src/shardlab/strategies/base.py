@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlab.core.topology import Topology
+from shardlab.strategies.recompute import apply_recompute
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -109,6 +110,7 @@ class Strategy:
         self.options = options
         self.comm = CommTimer(topo.device)
         self.model = self.wrap(model.to(topo.device))
+        apply_recompute(model, training.get("recompute", "none"))  # on the layers the wrapped model runs
         self.optimizer = self.make_optimizer()
 
     # --- set-up -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from shardlab.errors import ConfigError
 
 RUN_STACK = "shardlab"  # the stack (costs/stacks.yaml) whose rules a registry run is checked under
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size")
-TRAINING_FIELDS = ("seq_len", "dropout", "dtype", "optimizer")  # Plan or Workload fields set by `training`
+TRAINING_FIELDS = ("seq_len", "dropout", "dtype", "optimizer", "recompute")  # Plan or Workload fields set by `training`
 WORLD_FIELDS = ("world", "dp", "tp", "pp", "cp", "ep")  # degrees that, unless an option sets them, the world size does
 
 
@@ -123,7 +123,8 @@ class StrategySpec:
         local = training["global_batch_size"] // max(1, fields.get("dp", 1))  # dp 0: the Plan rejects it by name
         rows = local // n_micro if n_micro else min(training.get("micro_batch_size") or local, local)
         rows = self.micro_batch_rows(rows) if self.micro_batch_rows else rows
-        return Plan(**fields, micro_batch=rows, dtype=training["dtype"], optimizer=training["optimizer"])
+        return Plan(**fields, micro_batch=rows, dtype=training["dtype"], optimizer=training["optimizer"],
+                    recompute=training.get("recompute", "none"))
 
     def run_model(self, model: ModelShape, exp: dict) -> ModelShape:
         """The model shape this strategy trains in `exp`, from the experiment's."""

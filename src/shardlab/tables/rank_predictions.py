@@ -3,7 +3,7 @@ about a run's memory, written once by the runs step as `rank_predictions` and re
 
 - rank_predictions: per run (any outcome) and rank, where the rank sits on the mesh and what it holds,
   and the predicted bytes of its parameters, gradients, optimizer state (their sum, and the part
-  offloaded to the host) and of its activations at their peak; beside them, what one device would hold
+  offloaded to the host) and of its activations at their peak (saved for backward); beside them, what one device would hold
   of the same model under the run's reference plan (`one_device_*`), the yardstick of a share.
 
 `run_setting` is the one rebuild of a run's (model, plan, workload) from its summary and experiment, for
@@ -70,7 +70,10 @@ def held_bytes(model: ModelShape, plan: Plan, workload: Workload, rank: int) -> 
     """Predicted bytes of world rank `rank` by category (HELD), with the model-state sum and its host part."""
     states = rank_states(model, plan, rank)
     return {**{key: getattr(states, key) for key in STATES}, "model_state_bytes": states.total_bytes,
-            "host_bytes": states.offloaded_bytes, "activation_bytes": rank_activations(model, plan, workload, rank)}
+            "host_bytes": states.offloaded_bytes,
+            # What the forward leaves saved, as the probe counts it: under full recompute the layer that backward
+            # recomputes saves its tensors again for a moment (the planner's peak), which no probe sees.
+            "activation_bytes": rank_activations(model, plan, workload, rank, working_set=False)}
 
 
 def run_rows(summary: dict, exp: dict, inputs: TableInputs) -> list[dict]:

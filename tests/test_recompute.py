@@ -1,0 +1,124 @@
+"""Activation recomputation (shardlab.strategies.recompute) in one process: it keeps the same gradients,
+dropout included (the RNG restore is what makes it so: without it they differ), and it keeps for
+backward what the cost model says each mode keeps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardlab.costs.activations import layer_bytes
+from shardlab.runner.probes import ActivationProbe
+from shardlab.strategies import recompute
+from shardlab.tables.parity import UNIT_ROUNDOFF
+
+FP32_EPS = UNIT_ROUNDOFF["fp32"]
+
+SHAPE = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256, vocab_size=96,
+             max_position_embeddings=64)
+ROWS, SEQ = 4, 32
+
+
+def _model(dropout: float = 0.0):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(**SHAPE, hidden_dropout=dropout, attention_dropout=dropout, use_cache=False,
+                           attn_implementation="sdpa")
+    return GPTNeoXForCausalLM(config).train()
+
+
+def _gradients(mode: str, dropout: float) -> dict[str, torch.Tensor]:
+    model = _model(dropout)
+    recompute.apply_recompute(model, mode)
+    ids = torch.randint(0, SHAPE["vocab_size"], (ROWS, SEQ), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(2)  # the dropout masks
+    model(input_ids=ids, labels=ids).loss.backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def _worst_relative_difference(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)) for k in a)
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recompute_keeps_the_gradients_with_dropout(mode):
+    """Recomputing replays the same float ops in the same order, so the gradients match the ones kept
+    from the forward to within a few float32 roundings (here they are equal)."""
+    assert _worst_relative_difference(_gradients(mode, 0.1), _gradients("none", 0.1)) <= 8 * FP32_EPS
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_without_the_rng_restore_dropout_differs_and_the_check_fails(mode, monkeypatch):
+    """The check above can fail: recomputing without restoring the RNG draws other dropout masks."""
+    monkeypatch.setattr(recompute, "PRESERVE_RNG_STATE", False)
+    assert _worst_relative_difference(_gradients(mode, 0.1), _gradients("none", 0.1)) > 1e3 * FP32_EPS
+
+
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_each_mode_keeps_what_the_cost_model_says(mode):
+    """Bytes saved for backward inside the transformer layers (the probe) against `layer_bytes` under
+    this GPT-NeoX's SDPA layout, within 10 %; and each mode keeps less than the one before."""
+    model = _model()
+    recompute.apply_recompute(model, mode)
+    ids = torch.randint(0, SHAPE["vocab_size"], (ROWS, SEQ))
+    with ActivationProbe(model) as probe:
+        model(input_ids=ids, labels=ids).loss.backward()
+    kept = sum(n for name, n in probe.bytes_by_module().items() if name.startswith("gpt_neox.layers."))
+    per_layer = layer_bytes(SEQ, ROWS, SHAPE["hidden_size"], SHAPE["num_attention_heads"],
+                            SHAPE["intermediate_size"], attention="sdpa", recompute=mode)
+    predicted = SHAPE["num_hidden_layers"] * sum(per_layer.values())
+    assert abs(predicted - kept) / kept <= 0.10, (mode, predicted, kept, probe.bytes_by_module())
+
+
+# Under torchrun: the runner's runs with recompute, against the single-device run without it (the parity
+# rule), and every rank's saved activations against the cost model's prediction for the same Plan.
+RUNS = {
+    "single-full": ("single", {}, "full"),
+    "tp_sp-full": ("tp_sp", {}, "full"),
+    "tp_sp-selective": ("tp_sp", {}, "selective"),
+    "pp_1f1b-full": ("pp_1f1b", {}, "full"),
+    "composed-pp2-tp2-sp-full": ("composed", {"world_size": 4, "tp": 2, "sp": True, "pp": 2, "n_microbatches": 2}, "full"),
+    "composed-tp2-cp2-selective": ("composed", {"world_size": 4, "tp": 2, "cp": 2}, "selective"),
+}
+
+
+@pytest.mark.parity
+@pytest.mark.torchrun
+@pytest.mark.parametrize("case", RUNS)
+def test_recompute_runs_match_single_and_their_prediction(case, run_once, reference_losses):
+    import copy
+
+    from helpers import TEST_EXPERIMENT, assert_losses_match
+    from shardlab.config import deep_merge
+    from shardlab.costs.plan import Workload
+    from shardlab.costs.predict import rank_activations
+    from shardlab.costs.shapes import ModelShape
+    from shardlab.strategies import get_spec
+
+    strategy, options, mode = RUNS[case]
+    overrides = {"training": {"recompute": mode}, **({"strategy_options": {strategy: options}} if options else {})}
+    summary, steps = run_once(strategy, overrides)
+    assert summary["status"] == "ok", summary["reason"]
+    assert_losses_match([s["loss"] for s in steps], reference_losses)
+    exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), overrides)
+    spec, model = get_spec(strategy), ModelShape.from_dict(TEST_EXPERIMENT["model"])
+    plan, workload = spec.run_plan(exp, summary["world_size"]), Workload.from_training(exp["training"])
+    assert plan.recompute == mode
+    for rank in summary["ranks"]:
+        measured = rank.get("pp_peak_live_activation_bytes") or rank["activation_bytes"]
+        predicted = rank_activations(model, plan, workload, rank["rank"], working_set=False)
+        assert measured == pytest.approx(predicted, rel=0.10), (rank["rank"], measured, predicted)
+        if mode == "full":  # keeps less than a run without it would (selective need not: see test below)
+            kept_without = rank_activations(model, spec.run_plan(deep_merge(copy.deepcopy(exp), {"training": {
+                "recompute": "none"}}), summary["world_size"]), workload, rank["rank"])
+            assert measured < kept_without / 2
+
+
+def test_selective_recompute_keeps_more_than_the_ring_kernel_itself():
+    """A finding the cost model states: the ring attention kernel saves float32 Q, K, V, its output and
+    logsumexp; its inputs as transformers passes them (the fused QKV output whole, and rotary's new Q
+    and K) are more, so wrapping that kernel in a checkpoint keeps more than running it plainly."""
+    kwargs = dict(s=64, b=4, h=128, a=4, intermediate=512, attention="ring")
+    kept = {mode: layer_bytes(**kwargs, recompute=mode)["attention_core"] for mode in ("none", "selective")}
+    assert kept["selective"] > kept["none"]
