@@ -30,10 +30,10 @@ rule planning_tables:
         PLANNING_TABLES,
     log:
         f"{RESULTS}/logs/planning_tables.log",
+    priority: MANY_CORES
     conda:
         ENV
     threads: 2  # the searches, in as many processes (shardlab.tables.planning.run_searches)
-    priority: MANY_CORES
     params:
         out=lambda w, output: os.path.dirname(output[0]),
         # A change to the planning block changes this param and reruns the rule.

@@ -118,12 +118,12 @@ rule science_evaluate:
         f"{RESULTS}/{{exp}}/logs/science_evaluate.log",
     wildcard_constraints:
         exp="|".join(SCIENCE_EXPERIMENTS) or "(?!)",
+    priority: LONG_ONE_CORE
     conda:
         ENV
     # One torch thread (tiny forwards): the three evaluations run side by side with each other and the tables
     # once the runs are done, which on 2 cores beat one evaluation at a time over 2 processes.
     threads: 1
-    priority: LONG_ONE_CORE
     params:
         runs=lambda w: f"{RESULTS}/{w.exp}/runs",
         splits=lambda w: f"{RESULTS}/{w.exp}/splits",

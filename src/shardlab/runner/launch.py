@@ -43,8 +43,9 @@ def resolve_world_size(exp: dict, strategy: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
-# One node alone: torch's static rendezvous (`runner.agent` puts a free port for the 0). `--standalone` (c10d
-# rendezvous) first sleeps a random 0-0.3 s to spread many nodes' joins, which a lone node only waits for.
+# One node alone: torch's static rendezvous (`runner.agent` puts a free port for the 0). `--standalone`'s c10d
+# rendezvous (a random 0-0.3 s sleep to spread many nodes' joins, then its store's rounds) took 0.64 s of a
+# launch at the median on 2 cores, this 0.08 s (docs/measurements.md, "Launch cost").
 STANDALONE = ["--nnodes=1", "--node-rank=0", "--rdzv-backend=static", f"--rdzv-endpoint={ANY_PORT}"]
 
 
