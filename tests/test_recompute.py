@@ -71,6 +71,31 @@ def test_each_mode_keeps_what_the_cost_model_says(mode):
     assert abs(predicted - kept) / kept <= 0.10, (mode, predicted, kept, probe.bytes_by_module())
 
 
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_the_component_table_compares_under_the_runs_recompute(mode):
+    """`comparison_rows` (table tp_activation_components) holds a recomputing run against the formula of
+    its own mode: within 10 % per layer; against the no-recompute formula the full mode is off by far."""
+    from shardlab.costs.activations import comparison_rows
+
+    model = _model()
+    recompute.apply_recompute(model, mode)
+    ids = torch.randint(0, SHAPE["vocab_size"], (ROWS, SEQ))
+    with ActivationProbe(model) as probe:
+        model(input_ids=ids, labels=ids).loss.backward()
+    dims = {"s": SEQ, "b": ROWS, "h": SHAPE["hidden_size"], "a": SHAPE["num_attention_heads"],
+            "n_layers": SHAPE["num_hidden_layers"], "intermediate": SHAPE["intermediate_size"]}
+
+    def totals(assumed: str) -> tuple[float, float]:
+        rows = comparison_rows("none", probe.bytes_by_module(), dims, t=1, recompute=assumed)
+        return sum(r["measured_bytes"] for r in rows), sum(r["model_formula_bytes"] for r in rows)
+
+    measured, predicted = totals(mode)
+    assert abs(predicted - measured) / measured <= 0.10
+    if mode == "full":
+        measured, predicted = totals("none")
+        assert predicted > 5 * measured
+
+
 # Under torchrun: the runner's runs with recompute, against the single-device run without it (the parity
 # rule), and every rank's saved activations against the cost model's prediction for the same Plan.
 RUNS = {

@@ -200,10 +200,11 @@ def _check(split: str, residual: str, attention: str, recompute: str, mlp: str) 
 
 
 def korthikanti_per_layer(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none",
-                          value_bytes: int = 2, mask_bytes: int = 1) -> dict[str, float]:
-    """The paper's per-layer activation bytes by component. mode: 'none' (no TP), 'tensor', 'tensor_sequence'."""
+                          value_bytes: int = 2, mask_bytes: int = 1, recompute: str = "none") -> dict[str, float]:
+    """The paper's per-layer activation bytes by component. mode: 'none' (no TP), 'tensor', 'tensor_sequence';
+    recompute: 'none', 'selective' (its section 5) or 'full'."""
     return layer_bytes(s, b, h, a, 4 * h, t, mode, value_bytes, residual="sequential", attention="eager",
-                       dropout=True, mask_bytes=mask_bytes)
+                       dropout=True, mask_bytes=mask_bytes, recompute=recompute)
 
 
 def korthikanti_total(s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none") -> float:
@@ -243,19 +244,22 @@ def paper_mode(split: str) -> str:
     return "tensor_sequence" if split.startswith("tensor_sequence") else split
 
 
-def comparison_rows(split: str, activation_by_module: dict[str, int], dims: dict, t: int) -> list[dict]:
+def comparison_rows(split: str, activation_by_module: dict[str, int], dims: dict, t: int,
+                    recompute: str = "none") -> list[dict]:
     """One row per component: measured vs the paper (scaled to the run's value bytes) vs this model's formula.
 
     split: the run's `Plan.activation_split`; dims: s, b (the probed micro-batch on this rank), h, a,
     n_layers, and optionally intermediate (default 4h) and precision (a key of PRECISIONS, default
-    fp32); t: the run's world size (the TP degree when the split is not 'none')."""
+    fp32); t: the run's world size (the TP degree when the split is not 'none'); recompute: the run's
+    `Plan.recompute` (a fully recomputed layer's input is its residual component)."""
     mode = paper_mode(split)
     t = t if mode != "none" else 1
     s, b, h, a = dims["s"], dims["b"], dims["h"], dims["a"]
     intermediate, precision = dims.get("intermediate", 4 * h), PRECISIONS[dims.get("precision", "fp32")]
     measured = measured_per_layer(activation_by_module, dims["n_layers"])
-    paper = korthikanti_per_layer(s, b, h, a, t, mode, value_bytes=precision["value_bytes"], mask_bytes=1)
-    ours = layer_bytes(s, b, h, a, intermediate, t, split, **precision)
+    paper = korthikanti_per_layer(s, b, h, a, t, mode, value_bytes=precision["value_bytes"], mask_bytes=1,
+                                  recompute=recompute)
+    ours = layer_bytes(s, b, h, a, intermediate, t, split, recompute=recompute, **precision)
     rows = []
     for component in COMPONENTS:
         rows.append({"mode": mode, "tp": t, "component": component,

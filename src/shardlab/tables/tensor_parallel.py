@@ -3,8 +3,8 @@
 
 - tp_activation_components: per run, rank and transformer-layer component, the activation bytes
   saved for backward (mean per layer) beside the Korthikanti et al. formula (fp32 values, 1-byte
-  masks) and the formula adapted to what this model saves (`shardlab.costs.activations`), and the
-  measured/formula ratios. How a strategy splits activations follows from its Plan (`Plan.activation_split`).
+  masks) and the formula adapted to what this model saves (`shardlab.costs.activations`), both under
+  the run's activation recompute, and the measured/formula ratios. How a strategy splits activations follows from its Plan (`Plan.activation_split`).
 - tp_activation_totals: the same per run and rank, summed over the components (bytes per layer).
 - tp_throughput: per run, tokens/s and the ratios to its reference and to its twin
   (`tables.data_parallel.throughput_rows`).
@@ -30,7 +30,7 @@ from shardlab.tables.rank_predictions import run_setting
 
 TOPIC = "tensor_parallel"
 TWIN_GOAL = 0.95  # the study's goal: a hand-written strategy reaches 95 % of its production twin's throughput
-COLUMNS = ["experiment", "strategy", "rank", "mode", "tp", "component", "measured_bytes", "paper_formula_bytes",
+COLUMNS = ["experiment", "strategy", "rank", "mode", "tp", "recompute", "component", "measured_bytes", "paper_formula_bytes",
            "model_formula_bytes", "paper_assumptions_hold", "s", "b", "h", "a", "n_layers", "activation_split",
            "measured_over_model", "measured_over_paper"]
 BYTES = ["measured_bytes", "paper_formula_bytes", "model_formula_bytes"]
@@ -58,16 +58,17 @@ def activation_rows(summary: dict, inputs: TableInputs) -> list[dict]:
             "n_layers": shape.num_layers, "intermediate": shape.intermediate_size, "precision": plan.activation_precision}
     rows = []
     for rank in summary["ranks"]:
-        for row in comparison_rows(split, rank.get("activation_by_module") or {}, dims, t=summary["world_size"]):
+        for row in comparison_rows(split, rank.get("activation_by_module") or {}, dims, t=summary["world_size"],
+                                   recompute=plan.recompute):
             rows.append({"experiment": summary["experiment"], "strategy": summary["strategy"], "rank": rank["rank"],
-                         **row, **dims, "activation_split": split,
+                         "recompute": plan.recompute, **row, **dims, "activation_split": split,
                          "measured_over_model": _ratio(row["measured_bytes"], row["model_formula_bytes"]),
                          "measured_over_paper": _ratio(row["measured_bytes"], row["paper_formula_bytes"])})
     return rows
 
 
 def activation_totals(components: pd.DataFrame) -> pd.DataFrame:
-    keys = ["experiment", "strategy", "rank", "mode", "tp"]
+    keys = ["experiment", "strategy", "rank", "mode", "tp", "recompute"]
     return components.groupby(keys, sort=False)[BYTES].sum().reset_index()
 
 
