@@ -147,3 +147,30 @@ def test_selective_recompute_keeps_more_than_the_ring_kernel_itself():
     kwargs = dict(s=64, b=4, h=128, a=4, intermediate=512, attention="ring")
     kept = {mode: layer_bytes(**kwargs, recompute=mode)["attention_core"] for mode in ("none", "selective")}
     assert kept["selective"] > kept["none"]
+
+
+def test_the_recompute_table_holds_each_mode_against_the_run_that_differs_only_in_it():
+    """tp_recompute: a recomputing run's share is of the same strategy's run in the experiment whose settings
+    differ only in recompute (not of another experiment's run with other settings)."""
+    import pandas as pd
+
+    from shardlab.tables.tensor_parallel import recompute_rows
+
+    base = {"model": {"name": "m"}, "data": {"corpus": "c"}, "launch": {"world_size": 2}, "training": {"steps": 4}}
+    experiments = {"other": {**base, "training": {"steps": 8}}, "tp": base,
+                   "rc": {**base, "training": {"steps": 4, "recompute": "full"}}}
+    totals = pd.DataFrame([
+        {"experiment": "other", "strategy": "tp_sp", "rank": 0, "recompute": "none", "measured_bytes": 50.0,
+         "paper_formula_bytes": 70.0, "model_formula_bytes": 50.0},
+        {"experiment": "tp", "strategy": "tp_sp", "rank": 0, "recompute": "none", "measured_bytes": 100.0,
+         "paper_formula_bytes": 200.0, "model_formula_bytes": 110.0},
+        {"experiment": "rc", "strategy": "tp_sp", "rank": 0, "recompute": "full", "measured_bytes": 10.0,
+         "paper_formula_bytes": 20.0, "model_formula_bytes": 11.0}])
+    throughput = pd.DataFrame([{"experiment": "tp", "strategy": "tp_sp", "step_time_median_s": 1.0},
+                               {"experiment": "rc", "strategy": "tp_sp", "step_time_median_s": 1.3}])
+    table = recompute_rows(totals, throughput, experiments).set_index("recompute")
+    assert list(table["experiment"]) == ["tp", "rc"]
+    assert table.loc["full", "kept_of_none"] == pytest.approx(0.1)
+    assert table.loc["full", "paper_kept_of_none"] == pytest.approx(0.1)
+    assert table.loc["full", "step_time_ratio"] == pytest.approx(1.3)
+    assert table.loc["none", "kept_of_none"] == pytest.approx(1.0)

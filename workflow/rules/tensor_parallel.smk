@@ -11,6 +11,7 @@ TP_TABLES = table_files(
     "tp_throughput",
     "tp_twins",
     "tp_memory_categories",
+    "tp_recompute",
 )
 TP_INFERENCE = table_files("tp_inference")
 TP_EXPERIMENTS = STUDY.experiments_of("tensor_parallel")

@@ -9,6 +9,9 @@
 - tp_throughput: per run, tokens/s and the ratios to its reference and to its twin
   (`tables.data_parallel.throughput_rows`).
 - tp_twins: per hand-written strategy, its throughput over its production twin's, against the goal.
+- tp_recompute: per strategy and activation recompute mode, the bytes a layer keeps (rank 0, measured
+  and by both formulas), each as a share of the same strategy's run without recompute in the
+  experiment that differs only in it, and the step time's ratio to that run.
 - tp_memory_categories: per run, the mean over ranks of parameter, gradient, optimizer and
   activation bytes, for the TP experiment's runs and for the runs of every other experiment with
   the same model and training settings (one run per strategy; ranks from the `ranks` table), with
@@ -37,6 +40,8 @@ BYTES = ["measured_bytes", "paper_formula_bytes", "model_formula_bytes"]
 TWIN_COLUMNS = ["experiment", "strategy", "twin", "tokens_per_s", "twin_tokens_per_s", "ratio_to_twin",
                 "ratio_to_twin_low", "ratio_to_twin_high", "goal_ratio", "goal_met"]
 CATEGORIES = ["param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"]
+RECOMPUTE_COLUMNS = ["strategy", "recompute", "experiment", *BYTES, "measured_over_model", "kept_of_none",
+                     "paper_kept_of_none", "step_time_ratio"]
 MEMORY_COLUMNS = ["tp_experiment", "experiment", "strategy", "family", "topic", "run", "ranks", *CATEGORIES, "reference"]
 
 
@@ -121,11 +126,47 @@ def memory_rows(tp_experiment: str, inputs: TableInputs) -> list[dict]:
     return rows
 
 
+def without_recompute(name: str, experiments: dict[str, dict]) -> str | None:
+    """The experiment whose settings are `name`'s but for activation recompute, which it leaves off."""
+    def setting(exp: dict) -> tuple:
+        training = {k: v for k, v in exp["training"].items() if k != "recompute"}
+        return exp["model"], exp["data"], exp["launch"], training
+
+    mine = setting(experiments[name])
+    return next((other for other, exp in experiments.items()
+                 if exp["training"].get("recompute", "none") == "none" and setting(exp) == mine), None)
+
+
+def recompute_rows(totals: pd.DataFrame, throughput: pd.DataFrame, experiments: dict[str, dict]) -> pd.DataFrame:
+    """Per strategy and recompute mode (Korthikanti et al.'s activation result at this scale): the bytes a
+    layer keeps on rank 0, measured and by both formulas, each as a share of what the same strategy keeps
+    without recompute (the run of the experiment that differs only in it), and the step time's ratio."""
+    rank0 = totals[totals["rank"] == 0].set_index(["experiment", "strategy"])
+    steps = throughput.set_index(["experiment", "strategy"])["step_time_median_s"]
+    rows = []
+    for name in dict.fromkeys(e for e, _ in rank0.index):
+        base = without_recompute(name, experiments) if experiments[name]["training"].get("recompute", "none") != "none" else None
+        for strategy in (s for e, s in rank0.index if e == name and base and (base, s) in rank0.index):
+            for experiment in (base, name):
+                run, none = rank0.loc[(experiment, strategy)], rank0.loc[(base, strategy)]
+                rows.append({"strategy": strategy, "recompute": run["recompute"], "experiment": experiment,
+                             **{key: run[key] for key in BYTES},
+                             "measured_over_model": _ratio(run["measured_bytes"], run["model_formula_bytes"]),
+                             "kept_of_none": _ratio(run["measured_bytes"], none["measured_bytes"]),
+                             "paper_kept_of_none": _ratio(run["paper_formula_bytes"], none["paper_formula_bytes"]),
+                             "step_time_ratio": _ratio(steps.get((experiment, strategy), float("nan")),
+                                                       steps.get((base, strategy), float("nan")))})
+    table = pd.DataFrame(rows, columns=RECOMPUTE_COLUMNS).drop_duplicates(["strategy", "experiment"])
+    return table.sort_values(["strategy", "kept_of_none"], ascending=[True, False], kind="stable")
+
+
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     components = pd.DataFrame([row for s in inputs.summaries for row in activation_rows(s, inputs)], columns=COLUMNS)
     throughput = throughput_rows(inputs.summaries, TOPIC, step_times(inputs.summaries, inputs.experiments))
     tp_experiments = list(dict.fromkeys(s["experiment"] for s in of_topic(inputs.summaries, TOPIC)))
     memory = [row for name in tp_experiments if name in inputs.experiments for row in memory_rows(name, inputs)]
-    return {"tp_activation_components": components, "tp_activation_totals": activation_totals(components),
+    totals = activation_totals(components)
+    return {"tp_activation_components": components, "tp_activation_totals": totals,
             "tp_throughput": throughput, "tp_twins": twin_rows(throughput),
-            "tp_memory_categories": pd.DataFrame(memory, columns=MEMORY_COLUMNS)}
+            "tp_memory_categories": pd.DataFrame(memory, columns=MEMORY_COLUMNS),
+            "tp_recompute": recompute_rows(totals, throughput, inputs.experiments)}
