@@ -150,14 +150,15 @@ def test_selective_recompute_keeps_more_than_the_ring_kernel_itself():
 
 
 def test_the_recompute_table_holds_each_mode_against_the_run_that_differs_only_in_it():
-    """tp_recompute: a recomputing run's share is of the same strategy's run in the experiment whose settings
-    differ only in recompute (not of another experiment's run with other settings)."""
+    """tp_recompute: a recomputing run's share is of the same strategy's run in an experiment whose settings
+    differ only in recompute (not of another experiment's run with other settings, nor an experiment of the
+    same settings without that strategy)."""
     import pandas as pd
 
     from shardlab.tables.tensor_parallel import recompute_rows
 
     base = {"model": {"name": "m"}, "data": {"corpus": "c"}, "launch": {"world_size": 2}, "training": {"steps": 4}}
-    experiments = {"other": {**base, "training": {"steps": 8}}, "tp": base,
+    experiments = {"other": {**base, "training": {"steps": 8}}, "no_tp_run": base, "tp": base,
                    "rc": {**base, "training": {"steps": 4, "recompute": "full"}}}
     totals = pd.DataFrame([
         {"experiment": "other", "strategy": "tp_sp", "rank": 0, "recompute": "none", "measured_bytes": 50.0,

@@ -126,36 +126,37 @@ def memory_rows(tp_experiment: str, inputs: TableInputs) -> list[dict]:
     return rows
 
 
-def without_recompute(name: str, experiments: dict[str, dict]) -> str | None:
-    """The experiment whose settings are `name`'s but for activation recompute, which it leaves off."""
+def without_recompute(name: str, experiments: dict[str, dict]) -> list[str]:
+    """The experiments whose settings are `name`'s but for activation recompute, which they leave off."""
     def setting(exp: dict) -> tuple:
         training = {k: v for k, v in exp["training"].items() if k != "recompute"}
         return exp["model"], exp["data"], exp["launch"], training
 
     mine = setting(experiments[name])
-    return next((other for other, exp in experiments.items()
-                 if exp["training"].get("recompute", "none") == "none" and setting(exp) == mine), None)
+    return [other for other, exp in experiments.items()
+            if exp["training"].get("recompute", "none") == "none" and setting(exp) == mine]
 
 
 def recompute_rows(totals: pd.DataFrame, throughput: pd.DataFrame, experiments: dict[str, dict]) -> pd.DataFrame:
     """Per strategy and recompute mode (Korthikanti et al.'s activation result at this scale): the bytes a
     layer keeps on rank 0, measured and by both formulas, each as a share of what the same strategy keeps
-    without recompute (the run of the experiment that differs only in it), and the step time's ratio."""
+    without recompute (its run in an experiment that differs only in that), and the step time's ratio."""
     rank0 = totals[totals["rank"] == 0].set_index(["experiment", "strategy"])
     steps = throughput.set_index(["experiment", "strategy"])["step_time_median_s"]
     rows = []
-    for name in dict.fromkeys(e for e, _ in rank0.index):
-        base = without_recompute(name, experiments) if experiments[name]["training"].get("recompute", "none") != "none" else None
-        for strategy in (s for e, s in rank0.index if e == name and base and (base, s) in rank0.index):
-            for experiment in (base, name):
-                run, none = rank0.loc[(experiment, strategy)], rank0.loc[(base, strategy)]
-                rows.append({"strategy": strategy, "recompute": run["recompute"], "experiment": experiment,
-                             **{key: run[key] for key in BYTES},
-                             "measured_over_model": _ratio(run["measured_bytes"], run["model_formula_bytes"]),
-                             "kept_of_none": _ratio(run["measured_bytes"], none["measured_bytes"]),
-                             "paper_kept_of_none": _ratio(run["paper_formula_bytes"], none["paper_formula_bytes"]),
-                             "step_time_ratio": _ratio(steps.get((experiment, strategy), float("nan")),
-                                                       steps.get((base, strategy), float("nan")))})
+    for name, strategy in rank0.index:
+        if experiments[name]["training"].get("recompute", "none") == "none":
+            continue
+        base = next((e for e in without_recompute(name, experiments) if (e, strategy) in rank0.index), None)
+        for experiment in ([base, name] if base else []):
+            run, none = rank0.loc[(experiment, strategy)], rank0.loc[(base, strategy)]
+            rows.append({"strategy": strategy, "recompute": run["recompute"], "experiment": experiment,
+                         **{key: run[key] for key in BYTES},
+                         "measured_over_model": _ratio(run["measured_bytes"], run["model_formula_bytes"]),
+                         "kept_of_none": _ratio(run["measured_bytes"], none["measured_bytes"]),
+                         "paper_kept_of_none": _ratio(run["paper_formula_bytes"], none["paper_formula_bytes"]),
+                         "step_time_ratio": _ratio(steps.get((experiment, strategy), float("nan")),
+                                                   steps.get((base, strategy), float("nan")))})
     table = pd.DataFrame(rows, columns=RECOMPUTE_COLUMNS).drop_duplicates(["strategy", "experiment"])
     return table.sort_values(["strategy", "kept_of_none"], ascending=[True, False], kind="stable")
 
