@@ -25,6 +25,11 @@ PLANS = {
     "dp2-tp2": {"world_size": 4, "tp": 2},
     "dp2-tp2-sp": {"world_size": 4, "tp": 2, "sp": True},
     "fsdp2-dp2-tp2-sp": {"world_size": 4, "tp": 2, "sp": True, "dp_shard": "fsdp2_full"},
+    "zero1-dp2-tp2-sp": {"world_size": 4, "tp": 2, "sp": True, "dp_shard": "zero1"},
+    "zero1-dp2-pp2": {"world_size": 4, "pp": 2, "n_microbatches": 2, "dp_shard": "zero1"},
+    "fsdp2-dp2-pp2": {"world_size": 4, "pp": 2, "n_microbatches": 2, "dp_shard": "fsdp2_full"},
+    "fsdp2-dp2-tp2sp-pp2": {"world_size": 8, "tp": 2, "sp": True, "pp": 2, "schedule": "interleaved",
+                            "n_microbatches": 2, "dp_shard": "fsdp2_grad_op"},
     "tp2-cp2": {"world_size": 4, "tp": 2, "cp": 2},
     "dp2-cp2": {"world_size": 4, "cp": 2},
     "fsdp2-dp2-cp2": {"world_size": 4, "cp": 2, "dp_shard": "fsdp2_grad_op"},
@@ -61,7 +66,7 @@ def test_composed_plan_matches_single_and_its_prediction(plan, run_once, referen
 
 @pytest.mark.torchrun
 @pytest.mark.parametrize("plan, fault", [("dp2-tp2-sp", "skip_grad_average"), ("dp2-tp2-sp", "skip_sp_grad_sum"),
-                                         ("tp2-cp2", "skip_grad_average")])
+                                         ("tp2-cp2", "skip_grad_average"), ("zero1-dp2-pp2", "skip_grad_average")])
 def test_composed_fails_parity_without_one_dimensions_reduction(plan, fault, run_strategy, reference_losses):
     """The check can fail: skipping the reduction over one dimension (the dp x cp replicas, or SP's partial
     LayerNorm gradients over tp) leaves the reference."""
@@ -86,7 +91,6 @@ def test_composed_fails_parity_without_one_dimensions_reduction(plan, fault, run
     ({"world_size": 4, "pp": 2, "n_microbatches": 3, "schedule": "gpipe"}, "strategy_options.composed.n_microbatches",
      "does not divide the per-replica batch 4"),
     ({"world_size": 4, "n_microbatches": 2}, "strategy_options.composed.n_microbatches", "needs pp > 1"),
-    ({"world_size": 4, "pp": 2, "dp_shard": "fsdp2_full"}, "strategy_options.composed.dp_shard", "not FSDP2 shards"),
     ({"world_size": 4, "dp_shard": "zero3"}, "strategy_options.composed.dp_shard", "must be one of"),
     ({"world_size": 4, "ep": 2}, "strategy_options.composed.ep", "unknown option"),
 ])
@@ -103,3 +107,16 @@ def test_a_context_shard_that_sequence_parallelism_cannot_split_is_rejected():
     with pytest.raises(ConfigError, match="18 tokens is not divisible by the sequence-parallel degree tp=4") as err:
         get_spec("composed").check(exp, "experiments.test")
     assert err.value.field == "experiments.test.strategy_options.composed.sp"
+
+
+@pytest.mark.torchrun
+def test_zero1_in_a_composition_resumes_exactly_after_a_lost_rank(run_strategy, run_once):
+    """The distributed optimizer's shards are checkpointed per partition and reloaded into its flat buffers:
+    a restart after a killed rank continues with the same bits."""
+    plan = overrides(PLANS["zero1-dp2-pp2"])
+    faults = {"training": {"checkpoint_every": 2, "fault_injection": "kill_rank1_once"}, "launch": {"max_restarts": 1}}
+    summary, steps = run_strategy("composed", deep_merge(faults, copy.deepcopy(plan)))
+    assert summary["status"] == "ok", summary["reason"]
+    assert [r["from_step"] for r in summary["resumes"]] == [2]
+    uninterrupted = [s["loss"] for s in run_once("composed", plan)[1]]
+    assert [s["loss"] for s in steps] == uninterrupted

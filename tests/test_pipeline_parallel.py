@@ -57,7 +57,7 @@ def test_live_saved_bytes_follow_the_schedule():
     batches = [torch.randint(0, 256, (2, 32)) for _ in range(2)]
 
     def run(order):
-        tracker, pending = LiveSavedBytes(stage.parameters()), {}
+        tracker, pending = LiveSavedBytes(stage), {}
         with tracker:
             for op, i in order:
                 if op == "F":

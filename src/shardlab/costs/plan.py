@@ -122,7 +122,7 @@ class Plan:
             parts.append(self.schedule + (f"(v{self.virtual_stages})" if self.virtual_stages > 1 else ""))
         parts += [f"cp{self.cp}"] if self.cp > 1 else []
         parts += [f"ep{self.ep}"] if self.ep > 1 else []
-        parts += ["torch" if self.framework == "torch" else f"{self.framework}-z{self.zero}", f"mb{self.micro_batch}",
+        parts += ["torch" if self.framework == "torch" and not self.zero else f"{self.framework}-z{self.zero}", f"mb{self.micro_batch}",
                   f"rc:{self.recompute}"]
         parts += [f"off:{self.offload}"] if self.offload != "none" else []
         return " ".join(parts)
@@ -196,7 +196,7 @@ def rejection(model: ModelShape | None, plan: Plan, cluster: Cluster, workload: 
     return (_value_rejection(plan) or _placement_rejection(plan, cluster)
             or (model_rejection(model, plan, hand_cut) if model is not None else None)
             or sequence_rejection(plan, workload) or schedule_rejection(plan)
-            or batch_rejection(plan, workload, hand_cut) or sharding_rejection(plan, hand_cut)
+            or batch_rejection(plan, workload, hand_cut) or sharding_rejection(plan)
             or _workload_rejection(workload) or stacks.rejection(plan, stack))
 
 

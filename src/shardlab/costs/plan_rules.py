@@ -109,7 +109,7 @@ def batch_rejection(p, w, hand_cut: bool) -> str | None:
     return None
 
 
-def sharding_rejection(p, hand_cut: bool) -> str | None:
+def sharding_rejection(p) -> str | None:
     """What shards the model states: DeepSpeed builds a ZeRO optimizer (which alone offloads) only at
     stages 1-3 and hands parameter offload to stage 3's only."""
     if p.offload != "none" and not (p.framework == "deepspeed" and p.zero >= 1):
@@ -118,12 +118,10 @@ def sharding_rejection(p, hand_cut: bool) -> str | None:
         return f"offload: parameters offload only at ZeRO stage 3 (stage {p.zero} was asked)"
     if p.framework in ("megatron", "mcore") and p.zero > 1:
         return "zero: Megatron's distributed optimizer shards optimizer state only (zero 0 or 1)"
-    if p.framework == "torch" and p.zero:
-        return "zero: plain PyTorch replicas shard nothing (zero 0)"
+    if p.framework == "torch" and p.zero > 1:
+        return "zero: plain PyTorch replicas shard nothing, or the optimizer state only (zero 0 or 1)"
     if p.framework == "fsdp2" and p.zero not in (2, 3):
         return "zero: FSDP2 shards gradients and parameters (zero 2 or 3)"
-    if hand_cut and p.framework == "fsdp2" and p.pp > 1:
-        return "framework: this project's pipeline stages run as replicas, not FSDP2 shards (pp > 1)"
     if p.grad_bucket_mb is not None and (p.framework != "torch" or p.grad_bucket_mb < 0):
         return "grad_bucket_mb: only plain PyTorch replicas bucket their gradient all-reduce (>= 0 MiB)"
     return None

@@ -82,8 +82,6 @@ def _model_states(zero: int, offload: str, framework: str, dtype: str, optimizer
                   dense: float, experts: float, tensors: tuple | None, shard_rank: int | None) -> sharded_states.ModelStates:
     rung = sharded_states.ZeroRung.of(zero, offload, framework)
     dtype = "fp32" if dtype == "fp32" else "bf16"
-    if framework == "torch":  # fp32 weights, gradients and moments on every replica, any dtype (autocast)
-        return sharded_states.unsharded(dense + experts, dtype, optimizer)
     parts = [sharded_states.predict(rung, dense, shard, dtype, optimizer, tensors=tensors,
                             rank=shard_rank if tensors else None)]
     if experts:

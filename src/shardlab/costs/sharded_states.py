@@ -51,7 +51,8 @@ class ZeroRung:
     stage: int
     offload_optimizer: bool = False
     offload_param: bool = False
-    framework: str = "deepspeed"  # or "fsdp2": fp32 shards, no master copy; "megatron", "mcore" (planner only)
+    framework: str = "deepspeed"  # or "fsdp2": fp32 shards, no master copy; "torch": fp32 replicas (stage 0-1);
+    # "megatron", "mcore" (planner only)
 
     @classmethod
     def of(cls, zero: int, offload: str = "none", framework: str = "deepspeed") -> ZeroRung:
@@ -98,13 +99,6 @@ class ModelStates:
         return dict(asdict(self), total_bytes=self.total_bytes, device_peak_bytes=self.device_peak_bytes)
 
 
-def unsharded(n_params: float, dtype: str = "fp32", optimizer: str = "adamw") -> ModelStates:
-    """Plain torch training of `n_params` parameters on one rank: fp32 weights and gradients (bf16 is
-    autocast over fp32 master weights) and the optimizer's fp32 moments, nothing sharded or offloaded."""
-    psi = float(n_params)
-    return ModelStates(4 * psi, 4 * psi, MOMENT_BYTES[optimizer] * psi, 4 * psi, 0.0)
-
-
 def predict(rung: ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", optimizer: str = "adamw",
             bucket_elements: float = DEFAULT_BUCKET, tensors: Sequence[Sequence[int]] | None = None,
             rank: int | None = None) -> ModelStates:
@@ -122,6 +116,14 @@ def predict(rung: ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", op
         weight = grad = 4
         master = 0
         params = grads = state = held.fsdp2_shard
+    elif framework == "torch":
+        # Plain PyTorch: fp32 weights and gradients whole on every replica (bf16 is autocast over them, so
+        # no master copy); at stage 1 a distributed optimizer (strategies.composed.distributed_optimizer)
+        # keeps the moments of its 1/N of the flat buffer.
+        weight = grad = 4
+        master = 0
+        params = grads = psi
+        state = held.flat_partition if stage >= 1 else psi
     elif framework in ("megatron", "mcore"):
         # Megatron-LM's mixed precision: compute-dtype weights, fp32 main gradients (whole: its
         # distributed optimizer, stage 1, reduce-scatters inside the same buffer), fp32 master copy
@@ -143,7 +145,7 @@ def predict(rung: ZeroRung, n_params: float, ranks: int, dtype: str = "bf16", op
     param_bytes = weight * params
     grad_bytes = grad * grads
     opt = (master + moments) * state
-    if framework in ("megatron", "mcore"):
+    if framework in ("megatron", "mcore", "torch"):  # the whole gradient, reduced in place (stage 1) or not
         grad_peak = grad_bytes
     elif stage <= 1:
         grad_peak = grad * psi + (grad_bytes if stage == 1 else 0)  # full gradient, then its reduced partition

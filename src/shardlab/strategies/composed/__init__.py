@@ -8,7 +8,8 @@ strategy_options.composed (every degree defaults to 1; dp is what the others lea
   tp: int, sp: bool                       tensor parallelism, with or without sequence parallelism
   cp: int                                 context parallelism (zig-zag shards, ring attention)
   pp: int, schedule: gpipe|1f1b|interleaved, virtual_stages: int, n_microbatches: int
-  dp_shard: replicas|fsdp2_full|fsdp2_grad_op   how dp (x cp) ranks hold the model (FSDP2: not with pp > 1)
+  dp_shard: replicas|zero1|fsdp2_full|fsdp2_grad_op   how dp (x cp) ranks hold the model: whole, with the
+                                          optimizer state sharded (a distributed optimizer), or FSDP2 shards
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from shardlab.strategies.spec import Family, StrategySpec, all_of, only_options
 
 DEGREES = ("tp", "cp", "pp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-# dp_shard -> the Plan's ZeRO fields (FSDP2's two resharding choices, as the ZeRO ladder's fsdp2 rungs)
-DP_SHARDING = {"replicas": {}, "fsdp2_full": {"framework": "fsdp2", "zero": 3},
-               "fsdp2_grad_op": {"framework": "fsdp2", "zero": 2}}
+# dp_shard -> the Plan's ZeRO fields (the hand-written distributed optimizer as plain PyTorch's stage 1;
+# FSDP2's two resharding choices, as the ZeRO ladder's fsdp2 rungs)
+DP_SHARDING = {"replicas": {}, "zero1": {"framework": "torch", "zero": 1},
+               "fsdp2_full": {"framework": "fsdp2", "zero": 3}, "fsdp2_grad_op": {"framework": "fsdp2", "zero": 2}}
 # The option behind each Plan field a rejection may name (the world size: `StrategySpec.config_field`).
 PLAN_OPTIONS = (("tp", "tp"), ("sp", "sp"), ("cp", "cp"), ("pp", "pp"), ("schedule", "schedule"),
                 ("virtual_stages", "virtual_stages"), ("micro_batch", "n_microbatches"), ("zero", "dp_shard"),
@@ -86,7 +88,7 @@ def check_choices(spec: StrategySpec, exp: dict, where: str, world: int | str) -
 COMPOSED = StrategySpec(
     "composed", "shardlab.strategies.composed.strategy:composed_strategy", Family.HYBRID, "composed",
     "A Plan's degrees on one (pp, dp, cp, tp) mesh: hand-written TP (+SP), ring attention, pipeline schedules and "
-    "data-parallel replicas or FSDP2 shards, composed.",
+    "data-parallel replicas, a distributed optimizer (ZeRO-1) or FSDP2 shards, composed.",
     plan=composed_plan, plan_options=PLAN_OPTIONS,
     check_options=all_of(only_options("tp", "sp", "cp", "pp", "schedule", "virtual_stages", "n_microbatches", "dp_shard"),
                          check_choices))

@@ -4,7 +4,9 @@ in one visible order on the named mesh `(pp, dp, cp, tp)`:
 1. tensor parallelism (+ sequence parallelism) inside each `tp` group (`tensor_parallel.parallelize_neox`);
 2. context parallelism: ring attention over each `cp` group, on a zig-zag shard of every sequence;
 3. with pp > 1, pipeline stages: the TP/CP model cut into pp x v stages, run by a schedule over `pp`;
-4. otherwise, with FSDP2 asked for, the model sharded over the ranks that replicate it (dp x cp).
+4. with FSDP2 asked for, the model (or each of this rank's stages, as torchtitan composes them) sharded
+   over the ranks that replicate it (dp x cp); torch's pipeline stages hold back an FSDP2 stage's
+   reduce-scatter until its last micro-batch's backward.
 
 Data-parallel replicas need nothing applied: each dp rank trains on its own rows of the batch, and the
 strategy averages the replicas' gradients. Measurement is no part of this: a probe wraps what it returns.
@@ -48,16 +50,23 @@ def parallelize(model: nn.Module, mesh, plan: dict, *, replicas, seq_len: int, d
     positions = apply_context_parallel(model, mesh, plan, seq_len, device, comm)
     tp_shard_dims = {n: p.tp_shard_dim for n, p in model.named_parameters() if hasattr(p, "tp_shard_dim")}
     partial_sum_names = {n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)}
+    fsdp = plan.get("framework") == "fsdp2"
     if plan["pp"] > 1:
         pipeline = apply_pipeline(model, mesh, plan, positions, device)
-        partial = [p for p in pipeline.modules.parameters() if getattr(p, "sequence_parallel", False)]
-        return Parallelized(pipeline.modules, pipeline, False, positions, tp_shard_dims, partial)
-    fsdp = plan.get("framework") == "fsdp2"
-    if fsdp:
-        apply_fsdp(model, replicas, reshard=plan["zero"] == 3, dtype=dtype)
+        module = pipeline.modules
+        partial_sum_names = {n for n, p in module.named_parameters() if getattr(p, "sequence_parallel", False)}
+        if fsdp:
+            hf_name = {n: pipeline.hf_names[id(p)] for n, p in module.named_parameters()}
+            for stage in module:
+                apply_fsdp(stage, transformer_blocks_of_stage(stage), replicas, reshard=plan["zero"] == 3, dtype=dtype)
+            pipeline.hf_names = {id(p): hf_name[n] for n, p in module.named_parameters()}  # FSDP2's new parameters
+    else:
+        pipeline, module = None, model
+        if fsdp:
+            apply_fsdp(model, transformer_blocks(model), replicas, reshard=plan["zero"] == 3, dtype=dtype)
     # By name: FSDP2 has replaced the parameters, and its DTensors do not carry TP's marks.
-    partial = [p for n, p in model.named_parameters() if n in partial_sum_names]
-    return Parallelized(model, None, fsdp, positions, tp_shard_dims, partial)
+    partial = [p for n, p in module.named_parameters() if n in partial_sum_names]
+    return Parallelized(module, pipeline, fsdp, positions, tp_shard_dims, partial)
 
 
 def apply_tensor_parallel(model: nn.Module, mesh, plan: dict) -> None:
@@ -90,11 +99,16 @@ def apply_pipeline(model: nn.Module, mesh, plan: dict, positions, device) -> Pip
                           plan["virtual_stages"], plan["micro_batches"], device, make_stage=make_stage)
 
 
-def apply_fsdp(model: nn.Module, replicas, reshard: bool, dtype: str) -> None:
+def transformer_blocks_of_stage(stage: NeoXStage) -> list:
+    return list(stage.layers.values())
+
+
+def apply_fsdp(model: nn.Module, blocks: list, replicas, reshard: bool, dtype: str) -> None:
     """FSDP2 over every rank that holds the same parameters, dp x cp (as the Plan's ZeRO group): each keeps
-    1/(dp·cp) of its tp shard, and FSDP2's reduce-scatter averages the gradients over them."""
+    1/(dp·cp) of its tp shard, and FSDP2's reduce-scatter averages the gradients over them. Each of
+    `blocks` is its own unit (one all-gather each), the rest of `model` the root's."""
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if dtype == "bf16" else MixedPrecisionPolicy()
-    for block in transformer_blocks(model):
+    for block in blocks:
         fully_shard(block, mesh=replicas, reshard_after_forward=reshard, mp_policy=mp)
     fully_shard(model, mesh=replicas, reshard_after_forward=reshard, mp_policy=mp)

@@ -8,8 +8,9 @@ bottom in this file:
    pipeline probe wraps: bubble and per-stage memory measured on untimed steps);
 3. gradient reduction over exactly the dimensions that replicate a parameter: SP's partial sums
    (LayerNorms and row-parallel biases applied to one sequence shard) over `tp`; every parameter's
-   replicas over `dp` x `cp` (one flattened group, over which FSDP2, if used, has averaged already);
-4. the optimizer step on this rank's parameters.
+   replicas over `dp` x `cp` (one flattened group, over which FSDP2, if used, has averaged already),
+   all-reduced, or reduce-scattered into the distributed optimizer's shard (ZeRO-1);
+4. the optimizer step on this rank's parameters (ZeRO-1: on its shard, then the parameters gathered).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from shardlab.strategies import get_spec
-from shardlab.strategies.base import Strategy
+from shardlab.strategies.base import Strategy, build_optimizer
+from shardlab.strategies.composed.distributed_optimizer import DistributedOptimizer
 from shardlab.strategies.composed.parallelize import parallelize
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.mesh import all_reduce_gradients, average_gradients
@@ -28,11 +30,15 @@ from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
 
 
 class ComposedStrategy(Strategy):
-    """A Plan's degrees composed on one mesh: dp (replicas or FSDP2) x cp x tp (+sp), with or without pp stages."""
+    """A Plan's degrees composed on one mesh: dp (replicas, ZeRO-1 or FSDP2) x cp x tp (+sp), with or without
+    pp stages."""
+
+    distributed_optimizer: DistributedOptimizer | None = None
 
     def wrap(self, model):
         plan = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
         self.tp_size, self.cp_size, self.sp = plan["tp"], plan["cp"], plan["sp"]
+        self.zero1 = plan.get("framework") == "torch" and plan.get("zero") == 1
         self.mesh = self.topo.mesh(pp=plan["pp"], dp=plan["dp"], cp=plan["cp"], tp=plan["tp"])
         self.replica_mesh = self.topo.flattened(self.mesh, "dp", "cp")  # ranks holding the same parameter shard
         self.parts = parallelize(model, self.mesh, plan, replicas=self.replica_mesh, seq_len=self.training["seq_len"],
@@ -41,6 +47,14 @@ class ComposedStrategy(Strategy):
         self.probe = PipelineProbe(self.pipeline, self._schedule_step, self.training["warmup_steps"]) \
             if self.pipeline else None
         return self.parts.module
+
+    def make_optimizer(self):
+        if not self.zero1:
+            return super().make_optimizer()
+        self.distributed_optimizer = DistributedOptimizer(
+            self.model.parameters(), self.replica_mesh.get_group(), lambda shard: build_optimizer(shard, self.training),
+            self.comm)
+        return self.distributed_optimizer.optimizer  # the run's optimizer over this rank's shard
 
     # --- where this rank sits on the mesh -------------------------------------------------
     @property
@@ -81,7 +95,7 @@ class ComposedStrategy(Strategy):
         return contextlib.nullcontext() if self.parts.fsdp else super().autocast()  # FSDP2 casts its gathered weights
 
     def accumulating(self, last: bool):
-        if self.parts.fsdp:
+        if self.parts.fsdp and not self.pipeline:  # a pipeline's stages hold back their own reduce-scatters
             self.model.set_requires_gradient_sync(last)
         return super().accumulating(last)
 
@@ -115,12 +129,23 @@ class ComposedStrategy(Strategy):
                 all_reduce_gradients(params, self.mesh["tp"].get_group())
 
     def average_replica_gradients(self) -> None:
-        """Average every gradient over the ranks that hold the same parameters: dp x cp."""
-        average_gradients(self.model.parameters(), self.replica_mesh, self.comm)
+        """Average every gradient over the ranks that hold the same parameters, dp x cp: all of it on every
+        replica, or (ZeRO-1) this rank's partition only."""
+        if self.distributed_optimizer:
+            self.distributed_optimizer.reduce_gradients()
+        else:
+            average_gradients(self.model.parameters(), self.replica_mesh, self.comm)
 
     # --- 4. the optimizer step ---------------------------------------------------------------
     def optimizer_step(self) -> None:
-        self.optimizer.step()  # every rank steps the parameters it holds (its TP shard, stages, FSDP2 shard)
+        # every rank steps the parameters it holds (its TP shard, stages, FSDP2 shard, ZeRO-1 partition)
+        (self.distributed_optimizer or self.optimizer).step()
+
+    def zero_grad(self) -> None:
+        if self.distributed_optimizer:
+            self.distributed_optimizer.zero_grad()  # the gradients are views of its buffer: zeroed, kept
+        else:
+            super().zero_grad()
 
     # --- losses, checkpoints, results ----------------------------------------------------------
     def reduce_losses(self, losses):
@@ -137,11 +162,31 @@ class ComposedStrategy(Strategy):
             self.probe.resume_at(step)
 
     def state_namespace(self):
+        """The rank's slice: its stage and TP shard, and with ZeRO-1 its optimizer partition over dp x cp."""
         coords = self.mesh.get_coordinate()
-        return "_".join(f"{dim}{c}" for dim, c in zip(self.mesh.mesh_dim_names, coords) if dim in ("pp", "tp"))
+        sliced = ("pp", "tp", "dp", "cp") if self.distributed_optimizer else ("pp", "tp")
+        return "_".join(f"{dim}{c}" for dim, c in zip(self.mesh.mesh_dim_names, coords) if dim in sliced)
+
+    def _dcp_state(self):
+        if not self.distributed_optimizer:
+            return super()._dcp_state()
+        # The optimizer steps a flat shard that is no model parameter: its state is saved as torch keeps it.
+        return {self.state_namespace(): {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}}
+
+    def load_state(self, folder):
+        if not self.distributed_optimizer:
+            return super().load_state(folder)
+        import torch.distributed.checkpoint as dcp
+
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=folder)
+        mine = state[self.state_namespace()]
+        self.model.load_state_dict(mine["model"])  # copies into the parameters, views of the flat buffer
+        self.optimizer.load_state_dict(mine["optimizer"])
 
     def whole_parameter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """A parameter's TP shards gathered over `tp` (collective within the TP group)."""
+        """A parameter's FSDP2 shards gathered over dp x cp, then its TP shards over `tp` (collectives)."""
+        tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
         if name not in self.parts.tp_shard_dims:
             return tensor
         chunks = [torch.empty_like(tensor) for _ in range(self.tp_size)]
@@ -155,8 +200,7 @@ class ComposedStrategy(Strategy):
             return self.pipeline.full_state_dict(self.topo.is_main, self.whole_parameter)
         state = {}
         for name, p in self.model.named_parameters():
-            tensor = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
-            state[name] = self.whole_parameter(name, tensor).cpu().clone()
+            state[name] = self.whole_parameter(name, p.detach()).cpu().clone()
         return state if self.topo.is_main else None
 
     def extra_metrics(self) -> dict:

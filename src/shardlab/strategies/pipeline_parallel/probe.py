@@ -68,10 +68,11 @@ class _Saved:
 
 
 class LiveSavedBytes:
-    """Peak bytes saved for backward and not yet released, deduplicated by storage; parameters excluded."""
+    """Peak bytes saved for backward and not yet released, deduplicated by storage; parameters excluded,
+    in the form they have when saved (FSDP2 gathers a stage's weights into fresh storages for its forward)."""
 
-    def __init__(self, params):
-        self.exclude = {p.untyped_storage()._cdata for p in params}
+    def __init__(self, module):
+        self.module = module
         self.refs: dict[int, list[int]] = {}  # storage key -> [references held by graphs, bytes]
         self.live = 0
         self.peak = 0
@@ -80,7 +81,7 @@ class LiveSavedBytes:
 
     def _pack(self, t: torch.Tensor):
         key = t.untyped_storage()._cdata
-        if key in self.exclude:
+        if key in self.parameter_keys():
             return t
         entry = self.refs.get(key)
         if entry is None:
@@ -92,6 +93,10 @@ class LiveSavedBytes:
         else:
             entry[0] += 1
         return _Saved(t, key, self)
+
+    def parameter_keys(self) -> set[int]:
+        """The storages of the module's parameters now (a DTensor's by its local shard)."""
+        return {getattr(p, "_local_tensor", p).untyped_storage()._cdata for p in self.module.parameters()}
 
     @staticmethod
     def _unpack(saved):
@@ -174,7 +179,7 @@ class PipelineProbe:
         self.after_eval = False
         if not instrumented:
             return self.run_step(inputs, labels)
-        tracker = LiveSavedBytes(self.pipeline.modules.parameters())
+        tracker = LiveSavedBytes(self.pipeline.modules)
         dist.barrier(group=self.pipeline.group)  # stages start the step together: timestamps share an origin
         self.timeline.begin_step()
         self.timeline.recording = True
