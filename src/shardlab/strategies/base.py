@@ -110,10 +110,15 @@ class Strategy:
         self.options = options
         self.comm = CommTimer(topo.device)
         self.model = self.wrap(model.to(topo.device))
-        apply_recompute(model, training.get("recompute", "none"))  # on the layers the wrapped model runs
+        apply_recompute(model, self.recompute)  # on the layers the wrapped model runs
         self.optimizer = self.make_optimizer()
 
     # --- set-up -------------------------------------------------------------------------
+    @property
+    def recompute(self) -> str:
+        """What the run recomputes in backward: none, selective (the attention core) or full (each layer)."""
+        return self.training.get("recompute", "none")
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """Return the module the loop trains (wrapped, sharded or as is)."""
         return model

@@ -73,6 +73,10 @@ def experiment_shape(exp: dict) -> ModelShape | None:
     return None
 
 
+def training_recompute(exp: dict) -> str:
+    return exp["training"].get("recompute", "none")
+
+
 def all_of(*checks: OptionCheck) -> OptionCheck:
     def check(spec: StrategySpec, exp: dict, where: str, world: int | str) -> None:
         for one in checks:
@@ -104,7 +108,8 @@ class StrategySpec:
     check_options: OptionCheck = only_options()
     micro_batch_rows: Callable[[int], int] | None = None  # rows the implementation runs of a micro-batch, if fewer
     # (Plan field, option key) pairs: the option that sets a Plan field, named when the Plan is rejected for
-    # it (several keys for one field: the first one the experiment gives, else the first).
+    # it (several keys for one field: the first one the experiment gives, else the first; an option that
+    # overrides a training field only where the experiment gives it).
     plan_options: tuple[tuple[str, str], ...] = ()
     # False when the communication a run times is only part of its plan (what overlap left exposed, or
     # one group's collectives), so it cannot be held against a model of all of it (tables.communication).
@@ -119,12 +124,13 @@ class StrategySpec:
         """The whole Plan of this strategy's run in `exp` on `world` ranks."""
         fields = self.plan_fields(world, self.options(exp))
         n_micro = fields.pop("micro_batches", None)
+        recompute = fields.pop("recompute", training_recompute(exp))
         training = exp["training"]
         local = training["global_batch_size"] // max(1, fields.get("dp", 1))  # dp 0: the Plan rejects it by name
         rows = local // n_micro if n_micro else min(training.get("micro_batch_size") or local, local)
         rows = self.micro_batch_rows(rows) if self.micro_batch_rows else rows
         return Plan(**fields, micro_batch=rows, dtype=training["dtype"], optimizer=training["optimizer"],
-                    recompute=training.get("recompute", "none"))
+                    recompute=recompute)
 
     def run_model(self, model: ModelShape, exp: dict) -> ModelShape:
         """The model shape this strategy trains in `exp`, from the experiment's."""
@@ -190,7 +196,9 @@ class StrategySpec:
         """The config field behind a Plan (or Workload) field of this strategy's run in `exp` on `world`
         ranks: the option that sets it, a training setting, or the world size."""
         options, training = self.options(exp), exp["training"]
-        keys = [key for field, key in self.plan_options if field == plan_field]
+        # An option behind a training field names the fault only where the experiment gives it.
+        keys = [key for field, key in self.plan_options
+                if field == plan_field and (key in options or plan_field not in TRAINING_FIELDS)]
         if plan_field == "micro_batch" and training["global_batch_size"] % self.data_parallel_size(world, options):
             return f"{where}.training.global_batch_size"
         if keys:

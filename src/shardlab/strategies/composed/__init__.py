@@ -10,6 +10,7 @@ strategy_options.composed (every degree defaults to 1; dp is what the others lea
   pp: int, schedule: gpipe|1f1b|interleaved, virtual_stages: int, n_microbatches: int
   dp_shard: replicas|zero1|fsdp2_full|fsdp2_grad_op   how dp (x cp) ranks hold the model: whole, with the
                                           optimizer state sharded (a distributed optimizer), or FSDP2 shards
+  recompute: none|selective|full          this run's activation recomputation (default: training.recompute)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ DP_SHARDING = {"replicas": {}, "zero1": {"framework": "torch", "zero": 1},
 # The option behind each Plan field a rejection may name (the world size: `StrategySpec.config_field`).
 PLAN_OPTIONS = (("tp", "tp"), ("sp", "sp"), ("cp", "cp"), ("pp", "pp"), ("schedule", "schedule"),
                 ("virtual_stages", "virtual_stages"), ("micro_batch", "n_microbatches"), ("zero", "dp_shard"),
-                ("framework", "dp_shard"))
+                ("framework", "dp_shard"), ("recompute", "recompute"))
 
 
 def degrees(options: dict) -> dict[str, int]:
@@ -50,6 +51,8 @@ def composed_plan(world: int, options: dict) -> dict:
               "pp": pp, "vocab_parallel_loss": False, **DP_SHARDING[options.get("dp_shard", "replicas")]}
     # FSDP2 reduce-scatters as the backward goes; replicas are averaged after it (ComposedStrategy.sync_gradients).
     fields["grad_sync_overlap"] = fields.get("framework") == "fsdp2"
+    if "recompute" in options:
+        fields["recompute"] = options["recompute"]  # one run of an experiment recomputing (plans compared)
     if cp > 1:
         fields["attention"] = "ring"
     if pp > 1:
@@ -90,7 +93,8 @@ COMPOSED = StrategySpec(
     "A Plan's degrees on one (pp, dp, cp, tp) mesh: hand-written TP (+SP), ring attention, pipeline schedules and "
     "data-parallel replicas, a distributed optimizer (ZeRO-1) or FSDP2 shards, composed.",
     plan=composed_plan, plan_options=PLAN_OPTIONS,
-    check_options=all_of(only_options("tp", "sp", "cp", "pp", "schedule", "virtual_stages", "n_microbatches", "dp_shard"),
+    check_options=all_of(only_options("tp", "sp", "cp", "pp", "schedule", "virtual_stages", "n_microbatches", "dp_shard",
+                                      "recompute"),
                          check_choices))
 SPECS = [COMPOSED]
 # More composed plans in one experiment: `composed_<plan>` names the same strategy with its own options.

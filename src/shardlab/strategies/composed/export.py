@@ -1,29 +1,41 @@
 """From plan to run: the plans a search ranked, turned into an experiment block whose composed runs execute
 them, so that the ranking the planner predicted can be held against the one the runs measure.
 
-A searched Plan runs here when the composed strategy can lay it out: replicas or FSDP2 over dp, TP
-(+SP), CP, PP with any schedule, no offload, no recompute, dense models (no ep); a plan without
-pipeline stages takes its whole per-replica batch in one micro-batch (the experiment's micro-batch
-size is shared by its runs). Whether it runs is decided by the composed strategy's own config checks.
-Torch-free: the study expands `plan_search` when it loads the config.
+The search covers everything this project's stack runs (costs/stacks.yaml, `shardlab`: plain replicas,
+the distributed optimizer, DeepSpeed's rungs, FSDP2; TP (+SP), CP, PP with every schedule; recompute
+none, selective or full). A searched Plan runs when the composed strategy can lay it out: replicas,
+ZeRO-1 or FSDP2 over dp, with any degrees, schedule and recompute. What it cannot, `not_composable` says
+and the search counts (`Found.left_out`): DeepSpeed's rungs and its offload (its engine owns the step:
+they run as the zero* strategies, alone over dp), expert parallelism (ep runs as ep_moe only), and a plan
+without pipeline stages that accumulates gradients (the experiment's micro-batch size is shared by its
+runs, so such a plan takes its whole per-replica batch at once). Whether a plan runs is decided by the
+composed strategy's own config checks. Torch-free: the study expands `plan_search` when it loads the
+config.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 from shardlab import cli
 from shardlab.config import resolve_experiment
 from shardlab.costs.plan import Cluster, Plan, Workload
 from shardlab.costs.planner import accelerator
-from shardlab.costs.search import Space, divisors, search
+from shardlab.costs.predict import evaluate
+from shardlab.costs.search import SHARDINGS, Space, divisors, search
 from shardlab.costs.shapes import ModelShape
 from shardlab.errors import ConfigError
 from shardlab.strategies.composed import VARIANT_PREFIX, variant
 
-RUNNABLE_SHARDINGS = (("torch", 0, "none"), ("fsdp2", 3, "none"), ("fsdp2", 2, "none"))
-FSDP2_SHARD = {3: "fsdp2_full", 2: "fsdp2_grad_op"}
+# (framework, zero) -> the composed run's dp_shard: every sharding of dp that a composition runs
+DP_SHARD = {("torch", 0): "replicas", ("torch", 1): "zero1", ("fsdp2", 3): "fsdp2_full", ("fsdp2", 2): "fsdp2_grad_op"}
 SEARCHED = 1000  # ranked plans looked through for the top-k that run
+STACK = "shardlab"  # this project's runner executes the plans
+# The planner's shardings plus the composed distributed optimizer (plain PyTorch's stage 1), which only
+# this stack runs (other stacks' distributed optimizers are Megatron's: `megatron`/`mcore` at stage 1).
+SEARCHED_SHARDINGS = (*SHARDINGS, ("torch", 1, "none"))
 
 
 def composed_options(plan: Plan, global_batch: int) -> dict:
@@ -37,8 +49,10 @@ def composed_options(plan: Plan, global_batch: int) -> dict:
         options.update(pp=plan.pp, schedule=plan.schedule, n_microbatches=global_batch // plan.dp // plan.micro_batch)
         if plan.schedule == "interleaved":
             options["virtual_stages"] = plan.virtual_stages
-    if plan.framework == "fsdp2":
-        options["dp_shard"] = FSDP2_SHARD[plan.zero]
+    if (plan.framework, plan.zero) != ("torch", 0):
+        options["dp_shard"] = DP_SHARD[plan.framework, plan.zero]
+    if plan.recompute != "none":
+        options["recompute"] = plan.recompute
     return options
 
 
@@ -50,26 +64,35 @@ def run_name(plan: Plan) -> str:
     if plan.pp > 1:
         v = f"v{plan.virtual_stages}" if plan.schedule == "interleaved" else ""
         parts.append(f"pp{plan.pp}_{plan.schedule}{v}_mb{plan.micro_batch}")
-    if plan.framework == "fsdp2":
-        parts.append(FSDP2_SHARD[plan.zero])
+    if (plan.framework, plan.zero) != ("torch", 0):
+        parts.append(DP_SHARD[plan.framework, plan.zero])
+    if plan.recompute != "none":
+        parts.append(f"recompute_{plan.recompute}")
     return VARIANT_PREFIX + "_".join(parts or ["dp1"])
+
+
+def not_composable(plan: Plan, exp: dict) -> str | None:
+    """Why a composed run cannot execute `plan` in `exp` (a reason the search counts), or None."""
+    if plan.ep > 1:
+        return "expert parallelism runs as ep_moe only, not composed"
+    if plan.offload != "none":
+        return "offload runs as DeepSpeed's zero*_offload strategies only, not composed"
+    if (plan.framework, plan.zero) not in DP_SHARD:
+        return f"{plan.framework} ZeRO-{plan.zero} runs as its own strategy only (its engine owns the step), not composed"
+    if plan.pp == 1 and plan.micro_batch != exp["training"]["global_batch_size"] // plan.dp:
+        return "gradient accumulation without pipeline stages (an experiment's runs share their micro-batch size)"
+    name = run_name(plan)
+    trial = copy.deepcopy(exp) | {"strategy_options": {name: composed_options(plan, exp["training"]["global_batch_size"])}}
+    try:
+        variant(name).check(trial, f"experiments.{exp['name']}")
+    except ConfigError as err:
+        return f"the composed strategy's check: {err}"
+    return None
 
 
 def runnable(plan: Plan, exp: dict) -> dict | None:
     """The composed options that run `plan` in `exp`, or None where the composed strategy cannot."""
-    training = exp["training"]
-    if plan.ep > 1 or plan.offload != "none" or plan.recompute != "none" or plan.framework not in ("torch", "fsdp2"):
-        return None
-    if plan.pp == 1 and plan.micro_batch != training["global_batch_size"] // plan.dp:
-        return None
-    options = composed_options(plan, training["global_batch_size"])
-    name = run_name(plan)
-    trial = copy.deepcopy(exp) | {"strategy_options": {name: options}}
-    try:
-        variant(name).check(trial, f"experiments.{exp['name']}")
-    except ConfigError:
-        return None
-    return options
+    return None if not_composable(plan, exp) else composed_options(plan, exp["training"]["global_batch_size"])
 
 
 def layout(plan: Plan) -> tuple:
@@ -77,30 +100,53 @@ def layout(plan: Plan) -> tuple:
     return plan.dp, plan.tp, plan.sp, plan.cp, plan.pp, plan.schedule, plan.virtual_stages
 
 
-def search_runnable(exp: dict, world: int, top: int, per_layout: bool = True,
-                    cluster: Cluster | None = None) -> tuple[dict, str]:
+@dataclass
+class Found:
+    """What a search for composed runs found: {run name: {label, tokens_per_s, options}} fastest first, the
+    cluster searched, and the plans ranked ahead of the last one kept that no composed run executes, by
+    reason (`not_composable`)."""
+
+    plans: dict[str, dict]
+    cluster: str
+    left_out: Counter = field(default_factory=Counter)
+
+
+def search_runnable(exp: dict, world: int, top: int, per_layout: bool = True, cluster: Cluster | None = None,
+                    recompute: tuple[str, ...] = ()) -> Found:
     """The `top` fastest plans the search finds for `exp`'s model and batch on `world` ranks that a composed
-    run can execute (with `per_layout`, the fastest of each layout only): {run name: {plan label, predicted
-    tokens/s, options}}, and the cluster searched."""
+    run can execute (with `per_layout`, the fastest of each layout only), then the fastest plan again under
+    each mode of `recompute`, so that the ranking also prices what recomputation costs."""
     training = exp["training"]
     cluster = cluster or Cluster("CPU (calibrated)", 1, world)
+    workload = Workload(training["global_batch_size"], training["seq_len"])
     space = Space(cp=tuple(c for c in (1, 2, 4, 8) if c <= world), micro_batch=tuple(divisors(training["global_batch_size"])),
-                  recompute=("none",), virtual_stages=(2,), shardings=RUNNABLE_SHARDINGS, dtype=training["dtype"])
+                  virtual_stages=(2,), shardings=SEARCHED_SHARDINGS, dtype=training["dtype"])
     model = ModelShape.from_dict(exp["model"])
-    ranked = search(model, cluster, Workload(training["global_batch_size"], training["seq_len"]), top=SEARCHED,
-                    space=space, stack="shardlab").ranked  # this project's runner executes them
-    found: dict[str, dict] = {}
-    layouts = set()
+    ranked = search(model, cluster, workload, top=SEARCHED, space=space, stack=STACK).ranked
+    found = Found({}, f"{cluster.accelerator} x {cluster.gpus} (catalog figures)")
+    layouts, kept = set(), []
     for p in ranked:
+        if len(found.plans) == top:
+            break
         if per_layout and layout(p.plan) in layouts:
             continue
-        options = runnable(p.plan, exp)
-        if options is not None and run_name(p.plan) not in found:
-            found[run_name(p.plan)] = {"label": p.plan.label(), "tokens_per_s": p.tokens_per_s, "options": options}
+        why = not_composable(p.plan, exp)
+        if why:
+            found.left_out[why] += 1
+        elif run_name(p.plan) not in found.plans:
+            found.plans[run_name(p.plan)] = entry(p, exp)
             layouts.add(layout(p.plan))
-        if len(found) == top:
-            break
-    return found, f"{cluster.accelerator} x {cluster.gpus} (catalog figures)"
+            kept.append(p.plan)
+    for mode in recompute if kept else ():
+        p = evaluate(model, replace(kept[0], recompute=mode), cluster, workload, STACK)
+        if not isinstance(p, str) and not not_composable(p.plan, exp):
+            found.plans[run_name(p.plan)] = entry(p, exp)
+    return found
+
+
+def entry(p, exp: dict) -> dict:
+    return {"label": p.plan.label(), "tokens_per_s": p.tokens_per_s,
+            "options": composed_options(p.plan, exp["training"]["global_batch_size"])}
 
 
 def experiment_block(found: dict, description: str) -> dict:
@@ -122,14 +168,15 @@ def plan_search(config: dict, schema: dict) -> tuple[dict, dict]:
     if name in config["experiments"]:
         raise ConfigError("plan_search.experiment", f"{name!r} is already an experiment: the search adds its own")
     base = resolve_experiment({**config, "experiments": {name: {"strategies": ["single"]}}}, name, schema)
-    found, cluster = search_runnable(base, block["world_size"], block["top"], block["per_layout"])
-    if not found:
+    found = search_runnable(base, block["world_size"], block["top"], block["per_layout"],
+                            recompute=tuple(block["recompute"]))
+    if not found.plans:
         raise ConfigError("plan_search.world_size", f"no plan on {block['world_size']} ranks that a composed run executes")
-    experiment = experiment_block(
-        found, f"From plan to run: the {len(found)} fastest plans the planner found on {cluster}, run as composed plans.")
-    return {name: experiment}, {"experiment": name, "cluster_label": cluster,
+    experiment = experiment_block(found.plans, f"From plan to run: the {len(found.plans)} fastest plans the planner "
+                                               f"found on {found.cluster}, run as composed plans.")
+    return {name: experiment}, {"experiment": name, "cluster_label": found.cluster,
                                 "plans": {n: {"search_rank": i, "label": f["label"], "tokens_per_s": f["tokens_per_s"]}
-                                          for i, (n, f) in enumerate(found.items(), start=1)}}
+                                          for i, (n, f) in enumerate(found.plans.items(), start=1)}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=cli.count, required=True)
     parser.add_argument("--top", type=cli.count, default=4)
     parser.add_argument("--all-layouts", action="store_true", help="keep several plans of one layout")
+    parser.add_argument("--recompute", nargs="*", default=[], choices=("selective", "full"),
+                        help="also run the fastest plan under these recompute modes")
     parser.add_argument("--hardware", default="CPU (calibrated)", type=accelerator, help="accelerator name in costs/hardware.yaml")
     parser.add_argument("--gpus-per-node", type=cli.count, default=None, help="default: the world size (one node)")
     parser.add_argument("--name", default="plan_search", help="name of the experiment written")
@@ -160,11 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         validate_against_schema(config, schema)
         exp = resolve_experiment(config, args.experiment, schema)
         cluster = Cluster(args.hardware, args.world_size // per_node, per_node)
-        found, where = search_runnable(exp, args.world_size, args.top, not args.all_layouts, cluster)
+        found = search_runnable(exp, args.world_size, args.top, not args.all_layouts, cluster, tuple(args.recompute))
     except ConfigError as err:
         print(f"invalid: {err}", file=sys.stderr)
         return 2
-    block = experiment_block(found, f"The {len(found)} fastest plans the planner found on {where}, as composed runs.")
+    for why, count in found.left_out.most_common():
+        print(f"left out {count} faster plan(s): {why}", file=sys.stderr)
+    block = experiment_block(found.plans, f"The {len(found.plans)} fastest plans the planner found on {found.cluster}, "
+                                          f"as composed runs.")
     block["model"], block["training"] = exp["model"], exp["training"]
     text = yaml.safe_dump({args.name: block}, sort_keys=False)
     print(text, end="") if args.out == "-" else open(args.out, "w").write(text)

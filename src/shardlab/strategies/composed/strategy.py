@@ -56,6 +56,10 @@ class ComposedStrategy(Strategy):
             self.comm)
         return self.distributed_optimizer.optimizer  # the run's optimizer over this rank's shard
 
+    @property
+    def recompute(self) -> str:
+        return self.options.get("recompute", super().recompute)
+
     # --- where this rank sits on the mesh -------------------------------------------------
     @property
     def dp_rank(self) -> int:
