@@ -181,7 +181,9 @@ def plan_search(config: dict, schema: dict) -> tuple[dict, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m shardlab plan-export`: the plan-to-run loop by hand, for any experiment of a config and
-    any catalog cluster; writes the experiment block (YAML) to paste under the config's `experiments:`."""
+    any catalog cluster; or, with --rehearse, the best plan of a planning scenario scaled down to a toy
+    rehearsal of at most 16 ranks (`rehearsal`). Writes the experiment block (YAML) to paste under the
+    config's `experiments:`."""
     import sys
 
     import yaml
@@ -190,18 +192,25 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = cli.Parser(prog="shardlab plan-export", description=main.__doc__)
     parser.add_argument("--config", required=True, type=cli.existing_file, help="a study config (its experiment gives model and batch)")
-    parser.add_argument("--experiment", required=True, help="the experiment whose model and training to plan for")
-    parser.add_argument("--world-size", type=cli.count, required=True)
+    parser.add_argument("--rehearse", metavar="SCENARIO",
+                        help="a planning scenario (name, or its model's): rehearse its best plan instead of searching")
+    parser.add_argument("--experiment", help="the experiment whose model and training to plan for")
+    parser.add_argument("--world-size", type=cli.count)
     parser.add_argument("--top", type=cli.count, default=4)
     parser.add_argument("--all-layouts", action="store_true", help="keep several plans of one layout")
     parser.add_argument("--recompute", nargs="*", default=[], choices=("selective", "full"),
                         help="also run the fastest plan under these recompute modes")
     parser.add_argument("--hardware", default="CPU (calibrated)", type=accelerator, help="accelerator name in costs/hardware.yaml")
     parser.add_argument("--gpus-per-node", type=cli.count, default=None, help="default: the world size (one node)")
-    parser.add_argument("--name", default="plan_search", help="name of the experiment written")
+    parser.add_argument("--name", default=None, help="name of the experiment written (plan_search, rehearsal)")
     parser.add_argument("--out", default="-", help="file to write (default: standard output)")
     args = parser.parse_args(argv)
     config, schema = yaml.safe_load(args.config.read_text()), load_schema()
+    write = lambda name, block: write_block({args.name or name: block}, args.out)  # noqa: E731
+    if args.rehearse:
+        return rehearse_scenario(config, args.rehearse, write)
+    if not (args.experiment and args.world_size):
+        parser.error("--experiment and --world-size are required unless --rehearse is given")
     per_node = args.gpus_per_node or args.world_size
     if args.world_size % per_node:
         parser.error(f"--world-size: {args.world_size} devices are not whole nodes of --gpus-per-node {per_node}")
@@ -218,6 +227,28 @@ def main(argv: list[str] | None = None) -> int:
     block = experiment_block(found.plans, f"The {len(found.plans)} fastest plans the planner found on {found.cluster}, "
                                           f"as composed runs.")
     block["model"], block["training"] = exp["model"], exp["training"]
-    text = yaml.safe_dump({args.name: block}, sort_keys=False)
-    print(text, end="") if args.out == "-" else open(args.out, "w").write(text)
+    write("plan_search", block)
     return 0
+
+
+def rehearse_scenario(config: dict, name: str, write) -> int:
+    """The rehearsal block of planning scenario `name`'s best plan, written by `write(name, block)`; a plan no
+    composed run rehearses (or an unknown scenario) is reported with its reason (exit 2)."""
+    import sys
+
+    from shardlab.strategies.composed.rehearsal import rehearse, scenario_plan
+
+    try:
+        plan, source = scenario_plan(config, name)
+        write("rehearsal", rehearse(plan, source, config))
+    except (ValueError, ConfigError) as err:  # NotRehearsable is a ValueError
+        print(f"cannot rehearse: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def write_block(experiments: dict, out: str) -> None:
+    import yaml
+
+    text = yaml.safe_dump(experiments, sort_keys=False)
+    print(text, end="") if out == "-" else open(out, "w").write(text)
