@@ -14,7 +14,8 @@ from helpers import REPO, TEST_EXPERIMENT
 from shardlab.costs.plan import Plan
 from shardlab.errors import ConfigError
 from shardlab.strategies import REGISTRY, get_spec
-from shardlab.strategies.composed.export import composed_options, not_composable, run_name, runnable, search_runnable
+from shardlab.strategies.composed.export import not_composable, runnable, search_runnable
+from shardlab.strategies.composed.runs import composed_options, run_name
 from shardlab.study import load_study
 
 EXP = copy.deepcopy(TEST_EXPERIMENT)  # 2 layers, 4 heads, seq 32, batch 8

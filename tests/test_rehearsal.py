@@ -65,7 +65,7 @@ def test_dp_sharding_maps_to_what_a_composed_run_shards(sharding, runs_as):
 
 
 @pytest.mark.parametrize("plan, max_ranks, why", [
-    (Plan(dp=8, ep=4, framework="mcore", zero=1), 16, "^ep: expert parallelism does not compose yet"),
+    (Plan(dp=8, ep=4, framework="mcore", zero=1), 16, "^ep: rehearsals are of dense plans"),
     (Plan(dp=8, framework="deepspeed", zero=3, offload="optimizer"), 16, "^offload: .* not composed"),
     (Plan(dp=8, tp=2, framework="deepspeed", zero=2), 16, "^zero: deepspeed ZeRO-2 does not compose.*framework=fsdp2"),
     (Plan(dp=8, tp=2, recompute="op"), 16, "^recompute: .* no per-op checkpointing"),

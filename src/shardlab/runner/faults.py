@@ -29,6 +29,7 @@ FAULT_STEP = 1
 NUMERIC_FAULTS = {
     "skip_grad_average": ("average_replica_gradients", "bucket_ready"),  # data-parallel replicas' average
     "skip_sp_grad_sum": ("sum_partial_gradients",),  # SP's partial LayerNorm gradients over tp
+    "skip_expert_grad_sum": ("reduce_expert_gradients",),  # experts' gradients over the ranks holding them
 }
 ONCE_STEP = 3  # late enough for a checkpoint before it
 

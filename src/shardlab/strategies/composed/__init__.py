@@ -11,6 +11,12 @@ strategy_options.composed (every degree defaults to 1; dp is what the others lea
   dp_shard: replicas|zero1|fsdp2_full|fsdp2_grad_op   how dp (x cp) ranks hold the model: whole, with the
                                           optimizer state sharded (a distributed optimizer), or FSDP2 shards
   recompute: none|selective|full          this run's activation recomputation (default: training.recompute)
+
+`composed_moe` (and `composed_moe_<plan>`) runs the experiment's model with mixture-of-experts MLPs
+(`expert_parallel.moe`, the settings of `moe_single`, its reference) under the same options, plus
+  ep: int                                 experts sharded over ep ranks carved from dp (dp = edp x ep), their
+                                          matrices split over tp (Megatron's expert tensor parallelism);
+                                          dp as replicas, no cp (not composed with experts yet)
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import functools
 from dataclasses import replace
 
 from shardlab.errors import ConfigError
+from shardlab.strategies.expert_parallel import moe_model
+from shardlab.strategies.expert_parallel.options import MOE_DEFAULTS, check_moe_settings
 from shardlab.strategies.pipeline_parallel.options import DEFAULT_MICROBATCHES
 from shardlab.strategies.spec import Family, StrategySpec, all_of, only_options
 
@@ -88,19 +96,43 @@ def check_choices(spec: StrategySpec, exp: dict, where: str, world: int | str) -
                           "a pipeline cuts micro-batches itself: set strategy_options.composed.n_microbatches instead")
 
 
+def composed_moe_plan(world: int, options: dict) -> dict:
+    """A composed plan whose experts are sharded over `ep` ranks carved from dp."""
+    return {**composed_plan(world, options), "ep": options.get("ep", 1)}
+
+
+def check_expert_composition(spec: StrategySpec, exp: dict, where: str, world: int | str) -> None:
+    """What experts do not compose with yet, named by its field, and ep's type."""
+    options = spec.options(exp)
+    if not _positive(options.get("ep", 1)):
+        raise ConfigError(spec.option_field(where, "ep"), f"must be a positive integer, got {options['ep']!r}")
+    if options.get("cp", 1) > 1:
+        raise ConfigError(spec.option_field(where, "cp"), "context parallelism is not composed with experts yet")
+    if options.get("dp_shard", "replicas") != "replicas":
+        raise ConfigError(spec.option_field(where, "dp_shard"),
+                          "experts are replicated over edp = dp / ep ranks, dense weights over dp: only replicas")
+
+
+OPTIONS = ("tp", "sp", "cp", "pp", "schedule", "virtual_stages", "n_microbatches", "dp_shard", "recompute")
 COMPOSED = StrategySpec(
     "composed", "shardlab.strategies.composed.strategy:composed_strategy", Family.HYBRID, "composed",
     "A Plan's degrees on one (pp, dp, cp, tp) mesh: hand-written TP (+SP), ring attention, pipeline schedules and "
     "data-parallel replicas, a distributed optimizer (ZeRO-1) or FSDP2 shards, composed.",
-    plan=composed_plan, plan_options=PLAN_OPTIONS,
-    check_options=all_of(only_options("tp", "sp", "cp", "pp", "schedule", "virtual_stages", "n_microbatches", "dp_shard",
-                                      "recompute"),
-                         check_choices))
-SPECS = [COMPOSED]
-# More composed plans in one experiment: `composed_<plan>` names the same strategy with its own options.
+    plan=composed_plan, plan_options=PLAN_OPTIONS, check_options=all_of(only_options(*OPTIONS), check_choices))
+COMPOSED_MOE = replace(
+    COMPOSED, name="composed_moe",
+    summary="A composed plan of the mixture-of-experts model: experts over ep ranks carved from dp (their matrices "
+            "over tp), composed with TP (+SP), pipeline stages and data-parallel replicas.",
+    plan=composed_moe_plan, model=moe_model, reference="moe_single", plan_options=(*PLAN_OPTIONS, ("ep", "ep")),
+    check_options=all_of(only_options(*OPTIONS, "ep", *MOE_DEFAULTS), check_choices, check_expert_composition,
+                         check_moe_settings))
+SPECS = [COMPOSED, COMPOSED_MOE]
+# More composed plans in one experiment: `composed_<plan>` names the same strategy with its own options,
+# `composed_moe_<plan>` the mixture-of-experts one.
 VARIANT_PREFIX = "composed_"
+MOE_VARIANT_PREFIX = "composed_moe_"
 
 
 @functools.cache
 def variant(name: str) -> StrategySpec:
-    return replace(COMPOSED, name=name)
+    return replace(COMPOSED_MOE if name.startswith(MOE_VARIANT_PREFIX) else COMPOSED, name=name)

@@ -1,7 +1,8 @@
 """`parallelize(model, mesh, plan)`: a composed Plan's techniques applied to a model, one function each,
 in one visible order on the named mesh `(pp, dp, cp, tp)`:
 
-1. tensor parallelism (+ sequence parallelism) inside each `tp` group (`tensor_parallel.parallelize_neox`);
+1. tensor parallelism (+ sequence parallelism) inside each `tp` group (`tensor_parallel.parallelize_neox`),
+   and a mixture of experts' MLPs split the same way (Megatron's expert tensor parallelism);
 2. context parallelism: ring attention over each `cp` group, on a zig-zag shard of every sequence;
 3. with pp > 1, pipeline stages: the TP/CP model cut into pp x v stages, run by a schedule over `pp`;
 4. with FSDP2 asked for, the model (or each of this rank's stages, as torchtitan composes them) sharded
@@ -24,9 +25,11 @@ from transformers import AttentionInterface
 from shardlab.strategies.context_parallel import zigzag
 from shardlab.strategies.context_parallel.comms import Ring
 from shardlab.strategies.context_parallel.strategy import ATTENTION_NAME, make_ring_attention_forward
+from shardlab.strategies.expert_parallel.moe import MoEMLP
 from shardlab.strategies.pipeline_parallel.pipeline import Pipeline, build_pipeline
 from shardlab.strategies.pipeline_parallel.stages import NeoXStage
-from shardlab.strategies.tensor_parallel.tensor_parallel import parallelize_neox
+from shardlab.strategies.tensor_parallel.comms import gather_sequence, split_sequence
+from shardlab.strategies.tensor_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, parallelize_neox
 from shardlab.strategies.zero.fsdp2 import transformer_blocks
 
 
@@ -72,7 +75,23 @@ def parallelize(model: nn.Module, mesh, plan: dict, *, replicas, seq_len: int, d
 def apply_tensor_parallel(model: nn.Module, mesh, plan: dict) -> None:
     """Megatron's column/row split inside each `tp` group (+ SP), the logits gathered for a plain loss."""
     if plan["tp"] > 1:
-        parallelize_neox(model, mesh["tp"].get_group(), plan["sp"], gather_logits=True)
+        group = mesh["tp"].get_group()
+        parallelize_neox(model, group, plan["sp"], gather_logits=True)
+        for layer in model.gpt_neox.layers:
+            if isinstance(layer.mlp, MoEMLP):
+                split_experts(layer.mlp, group, plan["sp"])
+
+
+def split_experts(moe: MoEMLP, group, sequence_parallel: bool) -> None:
+    """Each expert's MLP column/row split inside the tp group, on tokens whole on every tp rank (so routing,
+    capacity and the all-to-all are the same on each); under SP they are gathered from the sequence shards
+    and the output cut back to this rank's shard."""
+    for expert in moe.experts:
+        expert.dense_h_to_4h = ColumnParallelLinear(expert.dense_h_to_4h, group, input_mode="copy")
+        expert.dense_4h_to_h = RowParallelLinear(expert.dense_4h_to_h, group)
+    if sequence_parallel:
+        moe.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group), *args[1:]))
+        moe.register_forward_hook(lambda module, args, out: split_sequence(out, group))
 
 
 def apply_context_parallel(model: nn.Module, mesh, plan: dict, seq_len: int, device, comm) -> torch.Tensor | None:

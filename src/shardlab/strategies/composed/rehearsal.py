@@ -26,7 +26,7 @@ from shardlab.costs.planner import Scenario, scenario
 from shardlab.costs.search import Space, search
 from shardlab.costs.shapes import ModelShape
 from shardlab.strategies import get_spec
-from shardlab.strategies.composed.export import DP_SHARD, composed_options, run_name
+from shardlab.strategies.composed.runs import DP_SHARD, composed_options, run_name
 
 MAX_RANKS = 16  # dp x tp x pp x cp at 2 each
 NAME = "rehearsal"  # the experiment's name in the block's check
@@ -52,7 +52,8 @@ def rehearsal_plan(plan: Plan, max_ranks: int = MAX_RANKS) -> Plan:
     composed run does not do, or for more than `max_ranks` ranks."""
     label = plan.label()
     if plan.ep > 1:
-        raise NotRehearsable(f"ep: expert parallelism does not compose yet (ep={plan.ep} in {label})")
+        raise NotRehearsable(f"ep: rehearsals are of dense plans (ep={plan.ep} in {label}; composed_moe runs a MoE "
+                             f"model's composition by hand)")
     if plan.offload != "none":
         raise NotRehearsable(f"offload: {plan.offload} offload runs as DeepSpeed's zero*_offload strategies only, "
                              f"not composed ({label})")

@@ -25,6 +25,7 @@ from shardlab.strategies.base import Strategy, build_optimizer
 from shardlab.strategies.composed.distributed_optimizer import DistributedOptimizer
 from shardlab.strategies.composed.parallelize import parallelize
 from shardlab.strategies.context_parallel import zigzag
+from shardlab.strategies.expert_parallel.moe import MoEConfig, TokenRanks, install_moe
 from shardlab.strategies.mesh import all_reduce_gradients, average_gradients
 from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
 
@@ -34,19 +35,47 @@ class ComposedStrategy(Strategy):
     pp stages."""
 
     distributed_optimizer: DistributedOptimizer | None = None
+    moe_layers: list = []  # the mixture-of-experts model's MoE MLPs (composed_moe)
+    expert_ids: frozenset = frozenset()
 
     def wrap(self, model):
-        plan = get_spec(self.name).plan_fields(self.topo.world_size, self.options)
+        spec = get_spec(self.name)
+        plan = spec.plan_fields(self.topo.world_size, self.options)
         self.tp_size, self.cp_size, self.sp = plan["tp"], plan["cp"], plan["sp"]
         self.zero1 = plan.get("framework") == "torch" and plan.get("zero") == 1
-        self.mesh = self.topo.mesh(pp=plan["pp"], dp=plan["dp"], cp=plan["cp"], tp=plan["tp"])
-        self.replica_mesh = self.topo.flattened(self.mesh, "dp", "cp")  # ranks holding the same parameter shard
+        if spec.model:  # the mixture-of-experts model: dp carved into edp x ep, ep innermost (as Megatron)
+            ep = plan["ep"]
+            self.mesh = self.topo.mesh(pp=plan["pp"], edp=plan["dp"] // ep, ep=ep, cp=plan["cp"], tp=plan["tp"])
+            self.dp_mesh = self.topo.flattened(self.mesh, "edp", "ep")
+            self.replica_mesh = self.topo.flattened(self.mesh, "edp", "ep", "cp")
+            self.install_experts(model, ep)
+        else:
+            self.mesh = self.topo.mesh(pp=plan["pp"], dp=plan["dp"], cp=plan["cp"], tp=plan["tp"])
+            self.dp_mesh = self.mesh["dp"]
+            self.replica_mesh = self.topo.flattened(self.mesh, "dp", "cp")  # ranks holding the same parameter shard
         self.parts = parallelize(model, self.mesh, plan, replicas=self.replica_mesh, seq_len=self.training["seq_len"],
                                  dtype=self.training["dtype"], device=self.topo.device, comm=self.comm)
         self.pipeline = self.parts.pipeline
         self.probe = PipelineProbe(self.pipeline, self._schedule_step, self.training["warmup_steps"]) \
             if self.pipeline else None
+        # The experts' parameters as parallelized (expert tensor parallelism replaces them).
+        self.expert_ids = {id(p) for layer in self.moe_layers for p in layer.experts.parameters()}
+        if self.moe_layers and self.pipeline:  # the schedule's loss is the last stage's: each layer adds its own
+            for layer in self.moe_layers:
+                layer.aux_grad_scale = self.moe_cfg.aux_loss_coef
         return self.parts.module
+
+    def install_experts(self, model, ep: int) -> None:
+        """Mixture-of-experts MLPs holding this rank's experts of its ep group; the queues of every expert
+        span the whole dp group (all the ranks with different tokens), as on one device."""
+        self.moe_cfg = MoEConfig.from_options({"seed": self.training["seed"], **self.options})
+        dp_rank = self.dp_mesh.get_local_rank()
+        members = tuple(range(dp_rank - dp_rank % ep, dp_rank - dp_rank % ep + ep))
+        self.moe_layers = install_moe(model, self.moe_cfg, self.mesh["ep"].get_group(), dp_rank % ep, ep,
+                                      TokenRanks(self.dp_mesh.get_group(), dp_rank, members))
+        model.to(self.topo.device)
+        for layer in self.moe_layers:
+            layer.comm_timer = self.comm
 
     def make_optimizer(self):
         if not self.zero1:
@@ -63,15 +92,15 @@ class ComposedStrategy(Strategy):
     # --- where this rank sits on the mesh -------------------------------------------------
     @property
     def dp_rank(self) -> int:
-        return self.mesh["dp"].get_local_rank()
+        return self.dp_mesh.get_local_rank()
 
     @property
     def dp_size(self) -> int:
-        return self.mesh["dp"].size()
+        return self.dp_mesh.size()
 
     @property
     def dp_group(self):
-        return self.mesh["dp"].get_group()
+        return self.dp_mesh.get_group()
 
     @property
     def cp_rank(self) -> int:
@@ -106,6 +135,8 @@ class ComposedStrategy(Strategy):
     def forward_backward(self, inputs, labels, scale):
         if self.pipeline:
             return self.probe.step(inputs, labels)  # the probe runs `_schedule_step`, measured or not
+        for layer in self.moe_layers:  # the load-balancing loss, scaled as the language-model loss is
+            layer.aux_grad_scale = self.moe_cfg.aux_loss_coef * scale
         loss = self.compute_loss(inputs, labels)
         (loss * scale).backward()
         return loss.detach()
@@ -125,6 +156,8 @@ class ComposedStrategy(Strategy):
         self.sum_partial_gradients(self.parts.partial_sum_params)
         if not self.parts.fsdp:  # FSDP2's reduce-scatter has averaged over dp x cp already
             self.average_replica_gradients()
+        if self.moe_layers:
+            self.reduce_expert_gradients()
 
     def sum_partial_gradients(self, params) -> None:
         """SP: parameters applied to one sequence shard hold partial sums of their gradient; add them up."""
@@ -138,7 +171,21 @@ class ComposedStrategy(Strategy):
         if self.distributed_optimizer:
             self.distributed_optimizer.reduce_gradients()
         else:
-            average_gradients(self.model.parameters(), self.replica_mesh, self.comm)
+            average_gradients(self.dense_parameters(), self.replica_mesh, self.comm)
+
+    def dense_parameters(self):
+        return [p for p in self.model.parameters() if id(p) not in self.expert_ids]
+
+    def reduce_expert_gradients(self) -> None:
+        """An expert's gradient sums the tokens of its ep group's ranks (they came back through the
+        all-to-all); its copies in the other ep groups hold the rest: summed over edp, it is the whole
+        batch's, divided by dp for the mean of the ranks' mean losses."""
+        experts = [p for p in self.model.parameters() if id(p) in self.expert_ids]
+        for p in experts:
+            if p.grad is None:  # an expert no token reached on this rank: its copies' sum still needs it
+                p.grad = torch.zeros_like(p)
+        with self.comm.blocked():
+            all_reduce_gradients(experts, self.mesh["edp"].get_group(), divide_by=self.dp_size)
 
     # --- 4. the optimizer step ---------------------------------------------------------------
     def optimizer_step(self) -> None:
@@ -168,7 +215,7 @@ class ComposedStrategy(Strategy):
     def state_namespace(self):
         """The rank's slice: its stage and TP shard, and with ZeRO-1 its optimizer partition over dp x cp."""
         coords = self.mesh.get_coordinate()
-        sliced = ("pp", "tp", "dp", "cp") if self.distributed_optimizer else ("pp", "tp")
+        sliced = ("pp", "tp", "ep", "dp", "cp") if self.distributed_optimizer else ("pp", "tp", "ep")
         return "_".join(f"{dim}{c}" for dim, c in zip(self.mesh.mesh_dim_names, coords) if dim in sliced)
 
     def _dcp_state(self):
@@ -200,6 +247,8 @@ class ComposedStrategy(Strategy):
     def full_state_dict(self):
         """The whole model on the main rank: pipeline stages gathered over the world, FSDP2 shards over
         dp x cp, TP shards over tp."""
+        if self.moe_layers:
+            raise NotImplementedError("mixture-of-experts runs do not save a Hugging Face model (the MoE MLP is ours)")
         if self.pipeline:
             return self.pipeline.full_state_dict(self.topo.is_main, self.whole_parameter)
         state = {}

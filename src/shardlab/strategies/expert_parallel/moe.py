@@ -15,6 +15,13 @@ Load balancing (Switch Transformer): aux = E · Σ_e f_e · P_e, with f_e the fr
 routed to e over the whole batch (a constant) and P_e the mean router probability of e. Because f
 is global and P a mean, each rank adds E · Σ_e f_e · P_e(local tokens); averaging ranks' gradients
 gives exactly the full-batch gradient.
+
+In a composed plan the ranks that hold different tokens (the data-parallel group, `count_group`) can
+be more than the ranks that share one set of experts (an `ep` group carved from it, as Megatron-Core
+and torchtitan carve it): the queue is still computed over every token-holding rank, so drops match
+the unsharded model, and tokens travel only inside the ep group. There the load-balancing loss reaches
+the router through `AuxLossScaler` (Megatron's MoEAuxLossAutoScaler): a pipeline's loss function sees
+only the last stage's logits, so each layer adds its loss's gradient in its own backward.
 """
 
 from __future__ import annotations
@@ -79,15 +86,43 @@ class Expert(nn.Module):
         return self.dense_4h_to_h(self.act(self.dense_h_to_4h(x)))
 
 
+class AuxLossScaler(torch.autograd.Function):
+    """Identity on a layer's output whose backward also starts the load-balancing loss's backward with
+    gradient `scale` (the coefficient times the step's loss scale)."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor, scale: float):
+        ctx.scale = scale
+        ctx.aux_shape = aux_loss.shape
+        return output
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, torch.full(ctx.aux_shape, ctx.scale, device=grad.device), None
+
+
+@dataclass(frozen=True)
+class TokenRanks:
+    """The ranks whose tokens share the experts' queues (`group`; None: the ep group alone), this rank's
+    place among them, and the places of the ep group's members (in ep order)."""
+
+    group: object = None
+    rank: int = 0
+    ep_members: tuple[int, ...] | None = None
+
+
 class MoEMLP(nn.Module):
     """Top-k routed experts; this rank holds experts [ep_rank·E/ep, (ep_rank+1)·E/ep)."""
 
-    def __init__(self, model_config, cfg: MoEConfig, layer: int, ep_group=None, ep_rank: int = 0, ep_size: int = 1):
+    def __init__(self, model_config, cfg: MoEConfig, layer: int, ep_group=None, ep_rank: int = 0, ep_size: int = 1,
+                 tokens: TokenRanks | None = None):
         super().__init__()
         hidden, E = model_config.hidden_size, cfg.num_experts
         if E % ep_size:
             raise ValueError(f"{E} experts cannot be split evenly over {ep_size} expert-parallel ranks")
         self.cfg, self.group, self.ep_rank, self.ep_size = cfg, ep_group, ep_rank, ep_size
+        self.tokens = tokens or TokenRanks(ep_group, ep_rank, tuple(range(ep_size)))
+        self.aux_grad_scale: float | None = None  # set: the load-balancing loss's backward runs via AuxLossScaler
         self.per_rank = E // ep_size
         self.first_expert = ep_rank * self.per_rank
         ffn = cfg.expert_intermediate_size or model_config.intermediate_size // cfg.top_k
@@ -122,33 +157,37 @@ class MoEMLP(nn.Module):
         top_p, top_e = probs.topk(k, dim=-1)  # [n, k]
         weights = top_p / top_p.sum(dim=-1, keepdim=True)
         onehot = F.one_hot(top_e, E)  # [n, k, E]
-        all_counts = gather_counts(onehot.sum(0), self.group if self.ep_size > 1 else None)  # [ranks, k, E]
+        all_counts = gather_counts(onehot.sum(0), self.tokens.group)  # [token ranks, k, E]
         total_tokens = int(all_counts[:, 0].sum())
         capacity = expert_capacity(self.cfg.capacity_factor, total_tokens, k, E)
         offsets, kept = capacity_plan(all_counts, capacity)
 
         # Each local assignment's place in its expert's queue; keep the ones within capacity.
         slots = torch.arange(k, device=tokens.device).expand(n, k)
-        queue = (onehot.cumsum(0) - onehot).gather(-1, top_e.unsqueeze(-1)).squeeze(-1) + offsets[self.ep_rank][slots, top_e]
+        me = self.tokens.rank
+        queue = (onehot.cumsum(0) - onehot).gather(-1, top_e.unsqueeze(-1)).squeeze(-1) + offsets[me][slots, top_e]
         keep = queue < capacity
         token_idx, slot_idx = keep.nonzero(as_tuple=True)
         expert_idx = top_e[token_idx, slot_idx]
         order = torch.argsort(expert_idx, stable=True)  # group by expert = group by destination rank
         token_idx, slot_idx = token_idx[order], slot_idx[order]
 
-        kept_by_rank = kept.sum(1)  # [ranks, E]
+        kept_by_rank = kept.sum(1)  # [token ranks, E]
         mine = slice(self.first_expert, self.first_expert + self.per_rank)
-        send = kept_by_rank[self.ep_rank].view(self.ep_size, self.per_rank).sum(1).tolist()
-        recv = kept_by_rank[:, mine].sum(1).tolist()
+        send = kept_by_rank[me].view(self.ep_size, self.per_rank).sum(1).tolist()
+        from_members = kept_by_rank[list(self.tokens.ep_members), mine]  # [ep ranks, local experts]
+        recv = from_members.sum(1).tolist()
         rows = tokens[token_idx]
         if self.ep_size > 1:
             rows = all_to_all(rows, send, recv, self.group, self.comm_timer)
-        out = self._run_local_experts(rows, kept_by_rank[:, mine])
+        out = self._run_local_experts(rows, from_members)
         if self.ep_size > 1:
             out = all_to_all(out, recv, send, self.group, self.comm_timer)
         combined = torch.zeros_like(tokens).index_add(0, token_idx, (out * weights[token_idx, slot_idx].unsqueeze(-1)).to(tokens.dtype))
 
         self.aux_loss = E * (all_counts.sum((0, 1)).float() / (total_tokens * k) * probs.mean(0)).sum()
+        if self.aux_grad_scale is not None and torch.is_grad_enabled():
+            combined = AuxLossScaler.apply(combined, self.aux_loss, self.aux_grad_scale)
         if torch.is_grad_enabled():  # training forwards only, not evaluation
             self.routed += all_counts.sum((0, 1)).cpu()
             self.kept += kept.sum((0, 1)).cpu()
@@ -167,11 +206,12 @@ class MoEMLP(nn.Module):
         return torch.cat(outputs)[torch.argsort(order)]
 
 
-def install_moe(model, cfg: MoEConfig, ep_group=None, ep_rank: int = 0, ep_size: int = 1) -> list[MoEMLP]:
+def install_moe(model, cfg: MoEConfig, ep_group=None, ep_rank: int = 0, ep_size: int = 1,
+                tokens: TokenRanks | None = None) -> list[MoEMLP]:
     """Replace every GPT-NeoX layer's MLP with a MoE MLP (this rank's experts only)."""
     layers = model.gpt_neox.layers
     moe_layers = []
     for i, layer in enumerate(layers):
-        layer.mlp = MoEMLP(model.config, cfg, i, ep_group, ep_rank, ep_size)
+        layer.mlp = MoEMLP(model.config, cfg, i, ep_group, ep_rank, ep_size, tokens)
         moe_layers.append(layer.mlp)
     return moe_layers

@@ -8,7 +8,7 @@ from shardlab.errors import ConfigError
 
 MOE_DEFAULTS = {"num_experts": 4, "top_k": 2, "capacity_factor": 1.25, "aux_loss_coef": 0.01,
                 "expert_intermediate_size": None, "seed": None}  # must match moe.MoEConfig (tested)
-MOE_STRATEGIES = ("moe_single", "ep_moe")
+MOE_STRATEGIES = ("moe_single", "ep_moe")  # and composed_moe_<plan> runs (strategies.composed)
 
 
 def moe_settings(options: dict) -> dict:
@@ -18,11 +18,17 @@ def moe_settings(options: dict) -> dict:
 
 def check_moe_options(spec, exp: dict, where: str, ranks: int | str) -> None:
     options = spec.options(exp)
-    field = lambda key=None: spec.option_field(where, key)  # noqa: E731
     unknown = set(options) - set(MOE_DEFAULTS) - {"world_size"}
     if unknown:
-        raise ConfigError(field(sorted(unknown)[0]), f"unknown option (known: {', '.join(MOE_DEFAULTS)}, world_size)")
-    s = moe_settings(options)
+        raise ConfigError(spec.option_field(where, sorted(unknown)[0]),
+                          f"unknown option (known: {', '.join(MOE_DEFAULTS)}, world_size)")
+    check_moe_settings(spec, exp, where, ranks)
+
+
+def check_moe_settings(spec, exp: dict, where: str, ranks: int | str) -> None:
+    """The MoE settings' types, and the same settings as the experiment's other MoE runs (its reference)."""
+    field = lambda key=None: spec.option_field(where, key)  # noqa: E731
+    s = moe_settings(spec.options(exp))
     if not isinstance(s["num_experts"], int) or isinstance(s["num_experts"], bool) or s["num_experts"] < 1:
         raise ConfigError(field("num_experts"), "must be a positive integer")
     if not isinstance(s["top_k"], int) or not 1 <= s["top_k"] <= s["num_experts"]:
@@ -30,7 +36,7 @@ def check_moe_options(spec, exp: dict, where: str, ranks: int | str) -> None:
     if not s["capacity_factor"] > 0:
         raise ConfigError(field("capacity_factor"), "must be positive")
     # The reference must be the same model: both MoE strategies of an experiment share their settings.
-    others = [o for o in MOE_STRATEGIES if o != spec.name and o in exp.get("strategies", [])]
+    others = [o for o in MOE_STRATEGIES if o != spec.name and o in exp.get("strategies", [])]  # moe_single, ep_moe
     for other in others:
         if moe_settings(exp.get("strategy_options", {}).get(other, {})) != s:
             raise ConfigError(field(), f"MoE settings differ from strategy_options.{other}; the unsharded "

@@ -7,6 +7,8 @@ Each function is a collective in forward and its conjugate in backward:
     sequence_gathered_linear all-gather (seq) | reduce-scatter    (SP: the input of a column-parallel layer)
     reduce_scatter_sequence reduce-scatter    | all-gather (seq)  (SP: after a row-parallel layer)
     split_sequence          keep own chunk    | all-gather (seq)  (SP: enter the sequence-sharded region)
+    gather_sequence         all-gather (seq)  | keep own chunk    (SP: leave it for a region whose gradients are
+                                                                   whole on every rank, e.g. tp-split experts)
     gather_last_dim         all-gather (last) | keep own chunk    (gather vocabulary-sharded logits)
 
 `sequence_gathered_linear` fuses SP's all-gather with the column-parallel matmul so that only the
@@ -91,6 +93,17 @@ class _ReduceScatterSequence(torch.autograd.Function):
         return _all_gather(grad, SEQ_DIM, ctx.group), None
 
 
+class _GatherSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather(x, SEQ_DIM, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _own_chunk(grad, SEQ_DIM, ctx.group), None
+
+
 class _SplitSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -147,6 +160,10 @@ def reduce_from_tp(x, group):
 
 def reduce_scatter_sequence(x, group):
     return _ReduceScatterSequence.apply(x, group)
+
+
+def gather_sequence(x, group):
+    return _GatherSequence.apply(x, group)
 
 
 def split_sequence(x, group):

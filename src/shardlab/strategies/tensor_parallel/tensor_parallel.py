@@ -128,8 +128,9 @@ def parallelize_neox(model: nn.Module, group, sequence_parallel: bool, gather_lo
         attention.query_key_value = ColumnParallelLinear(
             attention.query_key_value, group, input_mode="stashed_sequence_shard" if sequence_parallel else "copy")
         attention.dense = RowParallelLinear(attention.dense, group, sequence_parallel)
-        mlp.dense_h_to_4h = ColumnParallelLinear(mlp.dense_h_to_4h, group, input_mode=column_input)
-        mlp.dense_4h_to_h = RowParallelLinear(mlp.dense_4h_to_h, group, sequence_parallel)
+        if hasattr(mlp, "dense_h_to_4h"):  # a mixture of experts splits its experts itself (composed.parallelize)
+            mlp.dense_h_to_4h = ColumnParallelLinear(mlp.dense_h_to_4h, group, input_mode=column_input)
+            mlp.dense_4h_to_h = RowParallelLinear(mlp.dense_4h_to_h, group, sequence_parallel)
         if sequence_parallel:
             attention.register_forward_pre_hook(_attention_sees_whole_sequence(attention, group))
             _mark_sequence_parallel(layer.input_layernorm)
