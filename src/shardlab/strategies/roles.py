@@ -72,5 +72,5 @@ def tp_pair() -> tuple[str, str]:
 
 
 def is_composed(name: str) -> bool:
-    """Whether `name` runs the composed strategy (under its own name or a `composed_<plan>` variant)."""
-    return REGISTRY[name].plan is composed.COMPOSED.plan
+    """Whether `name` runs the composed strategy (`composed`, `composed_moe` or a `composed_<plan>` variant)."""
+    return REGISTRY[name].target == composed.COMPOSED.target

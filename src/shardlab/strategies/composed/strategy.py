@@ -43,16 +43,9 @@ class ComposedStrategy(Strategy):
         plan = spec.plan_fields(self.topo.world_size, self.options)
         self.tp_size, self.cp_size, self.sp = plan["tp"], plan["cp"], plan["sp"]
         self.zero1 = plan.get("framework") == "torch" and plan.get("zero") == 1
-        if spec.model:  # the mixture-of-experts model: dp carved into edp x ep, ep innermost (as Megatron)
-            ep = plan["ep"]
-            self.mesh = self.topo.mesh(pp=plan["pp"], edp=plan["dp"] // ep, ep=ep, cp=plan["cp"], tp=plan["tp"])
-            self.dp_mesh = self.topo.flattened(self.mesh, "edp", "ep")
-            self.replica_mesh = self.topo.flattened(self.mesh, "edp", "ep", "cp")
-            self.install_experts(model, ep)
-        else:
-            self.mesh = self.topo.mesh(pp=plan["pp"], dp=plan["dp"], cp=plan["cp"], tp=plan["tp"])
-            self.dp_mesh = self.mesh["dp"]
-            self.replica_mesh = self.topo.flattened(self.mesh, "dp", "cp")  # ranks holding the same parameter shard
+        self.lay_out(plan, experts=spec.model is not None)
+        if spec.model:
+            self.install_experts(model, plan["ep"])
         self.parts = parallelize(model, self.mesh, plan, replicas=self.replica_mesh, seq_len=self.training["seq_len"],
                                  dtype=self.training["dtype"], device=self.topo.device, comm=self.comm)
         self.pipeline = self.parts.pipeline
@@ -64,6 +57,19 @@ class ComposedStrategy(Strategy):
             for layer in self.moe_layers:
                 layer.aux_grad_scale = self.moe_cfg.aux_loss_coef
         return self.parts.module
+
+    def lay_out(self, plan: dict, experts: bool) -> None:
+        """The mesh, its dp dimension and the ranks holding the same parameters (dp x cp); for a mixture of
+        experts, dp carved into edp x ep, ep innermost (as Megatron-Core)."""
+        pp, dp, cp, tp = plan["pp"], plan["dp"], plan["cp"], plan["tp"]
+        if experts:
+            self.mesh = self.topo.mesh(pp=pp, edp=dp // plan["ep"], ep=plan["ep"], cp=cp, tp=tp)
+            self.dp_mesh = self.topo.flattened(self.mesh, "edp", "ep")
+            self.replica_mesh = self.topo.flattened(self.mesh, "edp", "ep", "cp")
+        else:
+            self.mesh = self.topo.mesh(pp=pp, dp=dp, cp=cp, tp=tp)
+            self.dp_mesh = self.mesh["dp"]
+            self.replica_mesh = self.topo.flattened(self.mesh, "dp", "cp")
 
     def install_experts(self, model, ep: int) -> None:
         """Mixture-of-experts MLPs holding this rank's experts of its ep group; the queues of every expert
