@@ -134,10 +134,13 @@ def routed_expert_bytes(model: ModelShape, tokens: int, t: int, value_bytes: int
     """What a top-k mixture of experts saves beyond one dense MLP of the expert's width: k-1 more
     expert passes (their hidden activations), the k dispatched copies of each token (the experts'
     GEMM inputs) and the k expert outputs the weighted combine multiplies, and the router's fp32
-    probabilities. Balanced routing assumed."""
+    probabilities. Balanced routing assumed. Expert tensor parallelism splits only the experts' hidden
+    width over tp: the tokens a rank's experts take in and give back are whole on every tp rank (the
+    column-parallel input, the reduced row-parallel output; under SP gathered from the sequence shards
+    first), as measured on composed_moe's EP x TP+SP run (a calibration point from 2026-12-07)."""
     h, k = model.hidden_size, model.top_k
     hidden = model.mlp_matrices * value_bytes * tokens * width / t  # GeLU input and output, or SwiGLU's three
-    return (k - 1) * hidden + 2 * k * value_bytes * tokens * h / t + 4 * tokens * model.num_experts
+    return (k - 1) * hidden + 2 * k * value_bytes * tokens * h + 4 * tokens * model.num_experts
 
 
 @lru_cache(maxsize=65536)
