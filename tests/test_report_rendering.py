@@ -1,7 +1,10 @@
 """The fallback renderer's own additions to nbconvert's page (the whole report is rendered in the
 end-to-end test)."""
 
+import pandas as pd
+
 from shardlab.reporting.render import made_tables, stage, table_of_contents
+from shardlab.tables import write_tables
 
 PAGE = ('<h1 id="T">Title<a class="anchor-link" href="#T">¶</a></h1><p>x</p>'
         '<h2 id="A">Part A<a class="anchor-link" href="#A">¶</a></h2><h3 id="A1">Detail<a class="anchor-link" '
@@ -29,8 +32,8 @@ def test_a_section_whose_tables_the_study_lacks_says_so_instead_of_failing(tmp_p
     (src / "sections" / "a.qmd").write_text("<!-- requires: a.csv -->\n## Section A\n\n```{python}\nA\n```\n")
     (src / "sections" / "b.qmd").write_text("<!-- requires: b.csv -->\n## Section B\n\n```{python}\nB\n```\n")
     (src / "report.qmd").write_text("# T\n\n{{< include sections/a.qmd >}}\n\n{{< include sections/b.qmd >}}\n")
-    (tables / "a.csv").write_text("x\n1\n")
-    (tables / "b.csv").write_text("")
+    write_tables({"a": pd.DataFrame({"x": [1]}), "b": pd.DataFrame()}, tables)  # the writer the rules use
+    assert (tables / "b.csv").read_text().strip() == ""  # what it writes for a table without columns
 
     staged = stage(src / "report.qmd", out, made_tables(tables.glob("*.csv"))).read_text()
     assert "{{< include sections/a.qmd >}}" in staged

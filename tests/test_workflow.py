@@ -429,16 +429,31 @@ REDUCED = {
 def test_the_report_renders_for_a_reduced_study(case, reduced_study, tmp_path):
     from shardlab.reporting import render
 
+    from shardlab.tables import read_table, write_tables
+
     tables = tmp_path / "results" / "tables"
-    tables.mkdir(parents=True)
     for path in (reduced_study / "tables").glob("*.csv"):
-        frame = pd.read_csv(path) if path.stat().st_size else None
-        kept = REDUCED[case](path.stem, frame) if frame is not None else None
-        if kept is not None and len(kept):
-            kept.to_csv(tables / path.name, index=False)
-        elif kept is not None:  # a topic with no rows: an empty file, as its rule writes it
-            (tables / path.name).write_text("")
+        kept = REDUCED[case](path.stem, read_table(path))
+        if kept is not None:  # a topic with no rows is written as its rule writes it (write_tables)
+            write_tables({path.stem: kept if len(kept) else pd.DataFrame()}, tables)
     assert render.main(["--qmd", str(REPO / "reports" / "report.qmd"), "--out-dir", str(tmp_path / "results" / "report")]) == 0
     html = (tmp_path / "results" / "report" / "report.html").read_text()
     assert "Traceback" not in html and 'id="Abstract"' in html
     assert "Not drawn: this study produced no data for it" in html  # the section that lacks its data says so
+
+
+@pytest.mark.e2e
+def test_a_study_of_sharded_data_parallelism_alone_renders(reduced_study, tmp_path):
+    """ddp, zero3 and fsdp2_full with no single-device run, through the real DAG: its runs, every table rule
+    (the predictions table has no reference to predict against) and the report."""
+    config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    config["experiments"] = {"sharded": {"strategies": ["ddp", "zero3", "fsdp2_full"]}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    results = tmp_path / "results"
+    proc = snakemake("--cores", "2", "--nolock", "--configfile", str(tmp_path / "config.yaml"), "--config",
+                     f"results_dir={results}", f"resources_dir={reduced_study.parent / 'resources'}",
+                     "allow_outside_project=True")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    assert (results / "tables" / "run_predictions.csv").read_text().strip() == ""  # written, without columns
+    html = (results / "report" / "report.html").read_text()
+    assert "Traceback" not in html and 'id="Abstract"' in html

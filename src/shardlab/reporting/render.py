@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 from shardlab import cli
+from shardlab.tables import has_columns
 
 INCLUDE = re.compile(r"^\{\{<\s*include\s+(\S+)\s*>\}\}\s*$", re.MULTILINE)
 REQUIRES = re.compile(r"^<!--\s*requires:(.*?)-->", re.MULTILINE)
@@ -51,8 +52,8 @@ def lacking(section: str, missing: set[str]) -> str:
 
 
 def made_tables(paths) -> set[str]:
-    """The names of the tables a study made: an empty file (a topic with no rows and no columns) is none."""
-    return {Path(p).name for p in paths if Path(p).is_file() and Path(p).stat().st_size > 0}
+    """The names of the tables a study made: a table without columns (`tables.has_columns`) is none."""
+    return {Path(p).name for p in paths if Path(p).is_file() and has_columns(p)}
 
 
 def expand_includes(text: str, base: Path) -> str:

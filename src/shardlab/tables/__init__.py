@@ -46,7 +46,7 @@ class TableInputs:
             run["step_log"] = [json.loads(line) for line in Path(steps).read_text().splitlines() if line.strip()]
         return cls(runs, {e["name"]: e for e in map(_read_json, experiments)},
                    {m["name"]: m for m in map(_read_json, models)},
-                   {Path(p).stem: pd.read_csv(p) for p in tables}, settings or {})
+                   {Path(p).stem: read_table(p) for p in tables}, settings or {})
 
     def experiment(self, summary: dict) -> dict:
         return self.experiments[summary["experiment"]]
@@ -63,6 +63,18 @@ class TableInputs:
 
 def _read_json(path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def has_columns(path) -> bool:
+    """Whether a table file names any column: `write_tables` writes a frame without columns (a topic with
+    nothing to say) as one newline, and an interrupted writer may leave nothing."""
+    with Path(path).open() as table:
+        return bool(table.readline().strip())
+
+
+def read_table(path) -> pd.DataFrame:
+    """A table as `write_tables` wrote it, one without columns as an empty frame."""
+    return pd.read_csv(path) if has_columns(path) else pd.DataFrame()
 
 
 def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> None:
