@@ -39,3 +39,24 @@ def test_a_section_whose_tables_the_study_lacks_says_so_instead_of_failing(tmp_p
     assert "{{< include sections/a.qmd >}}" in staged
     assert "include sections/b.qmd" not in staged
     assert "## Section B\n\nNot drawn: this study produced no data for it (missing tables: b)." in staged
+
+
+def test_every_strategy_has_its_own_colour_in_its_familys_hue():
+    """More strategies than any fixed palette has colours (the registry and the study's composed variants):
+    a hue per family and a shade per member keep every one distinct and every family recognisable."""
+    import colorsys
+
+    from shardlab.reporting.charts import strategy_colors
+    from shardlab.strategies import REGISTRY
+    from shardlab.tables.mechanisms import strategies
+
+    table = strategies(["composed_dp2_tp2_pp2_zero1", "composed_moe_ep2_tp2sp", "composed_tp2_cp2"])
+    scale = strategy_colors(table)(table).to_dict()["scale"]
+    colour = dict(zip(scale["domain"], scale["range"]))
+    assert len(table) > 20 and len(set(colour.values())) == len(colour) == len(table)
+    hue = {name: round(colorsys.rgb_to_hls(*(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))[0] * 360)
+           for name, c in colour.items()}
+    for family, members in table.groupby("family")["strategy"]:
+        hues = [hue[name] for name in members]
+        assert max(hues) - min(hues) <= 3 or family == "baseline", family  # greys have no hue
+    assert hue["tp"] != hue["ddp"] and REGISTRY["composed_tp2_cp2"].family.value == "hybrid"

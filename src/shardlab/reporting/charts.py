@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import colorsys
 import html
 import json
 import re
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import altair as alt
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FIGURES = Path("figures")
 IDENTIFIER = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
@@ -68,24 +72,37 @@ STYLE = ("<style>.shardlab-appendix-ref{margin:0.1em 0;font-size:0.85em;color:#5
          "details.shardlab-method>summary{cursor:pointer;color:#555}</style>")
 
 
-# Vega's tableau20, its ten dark shades first: neighbours in the registry (dp_naive, dp_interleaved) get
-# different hues, not a dark and a light shade of one. A strategy's colour is picked by its place there.
-PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#b79a20", "#439894", "#e45756", "#79706e", "#d67195", "#b279a2",
-           "#9e765f", "#9ecae9", "#ffbf79", "#88d27a", "#f2cf5b", "#83bcb6", "#ff9d98", "#bab0ac", "#fcbfd2",
-           "#d6a5c9", "#d8b5a5")
+# A hue per family (the baseline grey), a shade per member: every strategy its own colour, the same in
+# every chart, and a family recognisable at a glance. Hues in degrees; families not listed take the last.
+FAMILY_HUES = {"baseline": None, "data parallel": 215, "zero": 30, "tensor parallel": 120, "pipeline parallel": 275,
+               "context parallel": 180, "expert parallel": 55, "hybrid": 350}
+LIGHTNESS = (0.32, 0.72)  # the darkest and the lightest shade of a family
 
 
-def strategy_colors(order: Iterable[str]):
-    """`color(frame, field)`: the colour of each strategy, the same in every chart: its place in `order` (the
-    registry's, from the strategies table) picks it, names not in it (such as composed runs named by their
-    plan) follow in sorted order; the legend lists only the strategies a chart draws."""
-    order = list(order)
+def family_shades(members: list[str], hue: float | None) -> dict[str, str]:
+    """`members` (in order) to distinct shades of `hue`, dark to light (grey for None)."""
+    low, high = LIGHTNESS
+    steps = [low + (high - low) * i / max(1, len(members) - 1) for i in range(len(members))]
+    saturation = 0.0 if hue is None else 0.65
+    return {name: "#%02x%02x%02x" % tuple(round(255 * c) for c in colorsys.hls_to_rgb((hue or 0) / 360, light,
+                                                                                        saturation))
+            for name, light in zip(members, steps)}
+
+
+def strategy_colors(strategies: pd.DataFrame):
+    """`color(frame, field)`: the colour of each strategy of the `strategies` table (strategy, family, in the
+    registry's order, then the variants the study ran): its family's hue, a shade by its place in the family;
+    the legend lists only the strategies a chart draws. A name outside the table is grey."""
+    families = dict(zip(strategies["strategy"], strategies["family"]))
+    palette: dict[str, str] = {}
+    for family in dict.fromkeys(families.values()):
+        members = [name for name, of in families.items() if of == family]
+        palette |= family_shades(members, FAMILY_HUES.get(family, FAMILY_HUES["hybrid"]))
 
     def color(frame, field: str = "strategy") -> alt.Color:
         drawn = set(frame[field].dropna())
-        domain = order + sorted(drawn - set(order))
-        colours = [PALETTE[i % len(PALETTE)] for i in range(len(domain))]
-        return alt.Color(f"{field}:N", scale=alt.Scale(domain=domain, range=colours),
+        domain = [*palette, *sorted(drawn - set(palette))]
+        return alt.Color(f"{field}:N", scale=alt.Scale(domain=domain, range=[palette.get(n, "#999999") for n in domain]),
                          legend=alt.Legend(values=[name for name in domain if name in drawn]))
 
     return color

@@ -6,6 +6,8 @@ registry's strategies in order (the report's colour of each strategy follows tha
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pandas as pd
 
 from shardlab.strategies import NOISE_RUNS, REGISTRY
@@ -15,10 +17,13 @@ CATEGORIES = ("parameters", "gradients", "optimizer state", "activations")
 MECHANISM_COLUMNS = ["family", "strategy", "experiment", "world_size", "rank", "coordinates", "category", "share"]
 
 
-def strategies() -> pd.DataFrame:
-    """The registry in its order: the one list of strategies a chart's colours follow."""
-    return pd.DataFrame([{"order": i, "strategy": name, "family": spec.family.value, "topic": spec.topic,
-                          "summary": spec.summary} for i, (name, spec) in enumerate(REGISTRY.items())])
+def strategies(run: Iterable[str] = ()) -> pd.DataFrame:
+    """The registry in its order, then the variants the study ran (composed plans named by their plan, in
+    sorted order): the one list of strategies, with their families, that a chart's colours follow."""
+    names = [*REGISTRY, *sorted(set(run) - set(REGISTRY))]
+    return pd.DataFrame([{"order": i, "strategy": name, "family": REGISTRY[name].family.value,
+                          "topic": REGISTRY[name].topic, "summary": REGISTRY[name].summary}
+                         for i, name in enumerate(names)])
 
 
 # The table's categories and the prediction columns they read (`tables.rank_predictions`).

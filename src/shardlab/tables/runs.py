@@ -168,7 +168,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     tables["launch_cost"] = launch_cost(tables["runs"])
     tables["experiments"] = experiments(tables["runs"])
     tables["rank_predictions"] = predictions
-    tables["strategies"], tables["mechanisms"] = strategies(), mechanisms(inputs.summaries, predictions)
+    tables["strategies"] = strategies(s["strategy"] for s in inputs.summaries)
+    tables["mechanisms"] = mechanisms(inputs.summaries, predictions)
     ok = int((tables["runs"]["status"] == "ok").sum()) if len(runs) else 0
     print(f"aggregated {len(runs)} runs ({ok} ok, {len(runs) - ok} failed/oom)")
     return tables
