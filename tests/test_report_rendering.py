@@ -60,3 +60,10 @@ def test_every_strategy_has_its_own_colour_in_its_familys_hue():
         hues = [hue[name] for name in members]
         assert max(hues) - min(hues) <= 3 or family == "baseline", family  # greys have no hue
     assert hue["tp"] != hue["ddp"] and REGISTRY["composed_tp2_cp2"].family.value == "hybrid"
+
+
+def test_distinct_colours_never_repeat_however_many_categories():
+    from shardlab.reporting.charts import distinct_colours
+
+    for n in (1, 2, 21, 40):  # 21: the communication chart's calls, past category20
+        assert len(set(distinct_colours(n))) == n

@@ -184,8 +184,9 @@ def test_the_browser_check_can_fail(tmp_path):
 @pytest.mark.skipif(browser.CHROMIUM is None, reason="no chromium on PATH")
 def test_the_chart_checks_can_fail(tmp_path):
     """Each chart check flags what makes a drawn chart unreadable, and nothing in a sound chart: bars
-    under 2 px thick, facets under 120 px wide, a label Vega shortened with an ellipsis. A box plot whose
-    boxes are equally narrow (tight timings) is sound: its boxes are 14 px thick across the axis."""
+    under 2 px thick, facets under 120 px wide, a label Vega shortened with an ellipsis, two entries of a
+    colour legend in one colour. A box plot whose boxes are equally narrow (tight timings) is sound: its
+    boxes are 14 px thick across the axis; so is a legend of shapes in one colour."""
     import altair as alt
 
     from shardlab.reporting import charts
@@ -204,17 +205,22 @@ def test_the_chart_checks_can_fail(tmp_path):
         alt.Chart(pd.DataFrame({"s": list("abc") * 8, "t": [0.01 + 1e-5 * (i // 3) for i in range(24)]})).mark_boxplot(
             size=14).encode(y="s:N", x=alt.X("t:Q", scale=alt.Scale(type="log", domain=[0.001, 1]))).properties(
             width=200, title="tight boxes"),
+        alt.Chart(sound).mark_point().encode(x="x:N", y="y:Q", color=alt.Color(
+            "x:N", scale=alt.Scale(domain=["a", "b", "c"], range=["#1f77b4", "#ff7f0e", "#1f77b4"]))).properties(
+            title="one colour twice"),
+        alt.Chart(sound).mark_point(color="black").encode(x="x:N", y="y:Q", shape="f:N").properties(title="shapes"),
     ]
     page = tmp_path / "charts.html"
     page.write_text("<html><body>" + "".join(charts._offline_html(s.to_dict())["text/html"] for s in specs)
                     + "</body></html>")
     facts = browser.inspect(page)
-    assert facts["drawn"] == 5 and facts["errors"] == [], facts
+    assert facts["drawn"] == 7 and facts["errors"] == [], facts
     faults = facts["chart_faults"]
     assert any(f.startswith("hairline: bars") for f in faults), faults
     assert any(f.startswith("narrow: 2 facet(s) narrower than 120 px") for f in faults), faults
     assert any(f.startswith("shortened: text shortened") for f in faults), faults
-    assert not [f for f in faults if f.startswith(("sound", "tight boxes"))], faults
+    assert any(f.startswith('one colour twice: legend entries "a" and "c" share colour') for f in faults), faults
+    assert not [f for f in faults if f.startswith(("sound", "tight boxes", "shapes"))], faults
 
 
 @pytest.mark.torchrun

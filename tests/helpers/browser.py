@@ -55,7 +55,8 @@ PAGE_FACTS = """(() => {
 
 # What makes a drawn chart unreadable, from its SVG (the report embeds charts with Vega's SVG
 # renderer): bars too thin to see, facets too narrow to label, text Vega shortened with an ellipsis
-# or drawn outside the chart's own box.
+# or drawn outside the chart's own box, two entries of a colour legend in one colour (a legend whose
+# entries all share one colour tells shapes apart, not colours).
 CHART_FAULTS = """function chartFaults(div) {
   const svg = div.querySelector('svg');
   if (!svg) return [];
@@ -85,6 +86,19 @@ CHART_FAULTS = """function chartFaults(div) {
     if (words.endsWith('…')) faults.push(`${name}: text shortened: "${words}"`);
     else if (words.trim() && (b.left < root.left - 1 || b.right > root.right + 1 || b.top < root.top - 1 ||
                               b.bottom > root.bottom + 1)) faults.push(`${name}: text outside the chart: "${words}"`);
+  }
+  for (const legend of svg.querySelectorAll('g.role-legend')) {
+    const colours = [...legend.querySelectorAll('g.role-legend-symbol path')].map(p => {
+      const fill = p.getAttribute('fill');
+      return fill && fill !== 'transparent' && fill !== 'none' ? fill : p.getAttribute('stroke');
+    });
+    const labels = [...legend.querySelectorAll('g.role-legend-label text')].map(t => t.textContent);
+    if (new Set(colours).size < 2) continue;
+    const first = {};
+    colours.forEach((c, i) => {
+      if (c in first) faults.push(`${name}: legend entries "${first[c]}" and "${labels[i]}" share colour ${c}`);
+      else first[c] = labels[i];
+    });
   }
   return faults;
 }"""

@@ -79,14 +79,22 @@ FAMILY_HUES = {"baseline": None, "data parallel": 215, "zero": 30, "tensor paral
 LIGHTNESS = (0.32, 0.72)  # the darkest and the lightest shade of a family
 
 
+def hls_hex(hue: float, light: float, saturation: float) -> str:
+    return "#%02x%02x%02x" % tuple(round(255 * c) for c in colorsys.hls_to_rgb(hue / 360, light, saturation))
+
+
+def distinct_colours(n: int) -> list[str]:
+    """n colours, none twice, however many categories a chart has (a fixed scheme cycles): hues evenly
+    around the wheel, alternately dark and light."""
+    return [hls_hex(360 * i / n, (0.38, 0.62)[i % 2], 0.6) for i in range(n)]
+
+
 def family_shades(members: list[str], hue: float | None) -> dict[str, str]:
     """`members` (in order) to distinct shades of `hue`, dark to light (grey for None)."""
     low, high = LIGHTNESS
     steps = [low + (high - low) * i / max(1, len(members) - 1) for i in range(len(members))]
     saturation = 0.0 if hue is None else 0.65
-    return {name: "#%02x%02x%02x" % tuple(round(255 * c) for c in colorsys.hls_to_rgb((hue or 0) / 360, light,
-                                                                                        saturation))
-            for name, light in zip(members, steps)}
+    return {name: hls_hex(hue or 0, light, saturation) for name, light in zip(members, steps)}
 
 
 def strategy_colors(strategies: pd.DataFrame):
