@@ -72,7 +72,7 @@ def reference_losses(run_once):
 # What a fast-tier test must not start: torchrun (directly, through the study's agent, or through a
 # `shardlab` command that launches one) or a process group in the test process itself.
 LAUNCHES = ("torch.distributed.run", "torchrun", "shardlab.runner.agent")
-LAUNCHING_COMMANDS = ("launch", "pretrain", "bench-comm", "bench-inference", "parity-sensitivity")
+LAUNCHING_COMMANDS = ("launch", "pretrain", "bench-comm", "bench-inference", "bench-paired", "parity-sensitivity")
 SLOW_TIERS = ("torchrun", "e2e", "slurm")
 
 

@@ -207,3 +207,38 @@ def test_the_abstract_is_computed_from_the_tables_and_follows_them():
     on_gpu = _abstract({**tables, "runs": runs.assign(**{"environment.device_type": "cuda",
                                                          "environment.device_name": "NVIDIA H100"})})
     assert "on NVIDIA H100" in on_gpu and "What carries over to GPUs" not in on_gpu
+
+
+def _paired(ratios: list[float], experiment: str = "data_parallel") -> dict[str, pd.DataFrame]:
+    """A paired-timing table: per round, ddp's tokens/s `ratio` times dp_naive's (dp_interleaved at 1.0)."""
+    rows = [{"experiment": experiment, "round": r, "strategy": s, "tokens_per_s": tps, "status": "ok"}
+            for r, ratio in enumerate(ratios)
+            for s, tps in (("dp_naive", 1000.0), ("dp_interleaved", 1000.0), ("ddp", 1000.0 * ratio))]
+    return {f"paired_timing_{experiment}": pd.DataFrame(rows)}
+
+
+@pytest.mark.parametrize("ratios, verdict", [
+    ([1.30, 1.28, 1.33, 1.31], SUPPORTED),  # every round the same way, by far more than the rounds' spread
+    ([1.10, 0.95, 1.08, 0.97], UNDECIDED),  # a mean of 1.02 inside the rounds' own spread
+    ([0.80, 0.82, 0.79, 0.81], CONTRADICTED),
+])
+def test_a_speed_claim_timed_side_by_side_rests_on_its_rounds(ratios, verdict):
+    """The separate runs say DDP is 1.5x naive; the paired rounds of the same DAG decide, and a ratio inside
+    the rounds' own noise is not decidable."""
+    tables = {"steps": _steps({"dp_naive": _noisy(0.15), "ddp": _noisy(0.10)}), "runs": _runs(), **_paired(ratios)}
+    table = verdicts(tables)
+    assert _verdict(table, "1b") == verdict
+    evidence = table.loc[table["claim"] == "1b", "evidence"].item()
+    assert f"side by side in {len(ratios)} rounds" in evidence
+    assert _verdict(verdicts({"steps": tables["steps"], "runs": _runs()}), "1b") == SUPPORTED  # unpaired: the fluke
+
+
+def test_the_run_to_run_table_comes_from_the_paired_rounds_of_this_dag():
+    from shardlab.tables.verdicts import run_to_run_noise
+
+    noise = run_to_run_noise(_paired([1.10, 0.95, 1.08, 0.97]) | {"timing_noise": pd.DataFrame(
+        [{"experiment": "x", "strategy": "a", "versus": "b", "ratio": 2.0, "cpu_model": "m", "cpu_cores": 2,
+          "date": "2026-01-01"}] * 2)})
+    pair = noise[(noise["strategy"] == "ddp") & (noise["versus"] == "dp_naive")]
+    assert set(noise["date"]) == {"this DAG"} and pair["repeats"].item() == 4  # not the committed file's rows
+    assert pair["ratio_min"].item() == pytest.approx(0.95) and pair["ratio_max"].item() == pytest.approx(1.10)

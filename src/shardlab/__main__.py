@@ -24,6 +24,8 @@ COMMANDS = {
                   "record an experiment's reference run as another's identical one"),
     "bench-comm": ("shardlab.bench.comm:main", "time each collective over message sizes and fit alpha-beta"),
     "bench-inference": ("shardlab.bench.inference:main", "time tensor-parallel generation"),
+    "bench-paired": ("shardlab.bench.paired_timing:main",
+                     "time an experiment's strategies side by side in rotated rounds (the speed claims' evidence)"),
     "parity-sensitivity": ("shardlab.bench.parity_sensitivity:main",
                            "how far each dtype's loss moves under injected errors (what parity can see)"),
     "evaluate-science": ("shardlab.science.evaluate:main", "score the science runs' models on their test splits"),

@@ -75,4 +75,43 @@ if SENSITIVITY:
             " --timeout-s {params.timeout} --out {output} > {log} 2>&1"
 
 
+# Paired timing: an experiment's parallel strategies timed side by side in rotated rounds, in one launch
+# (shardlab.bench.paired_timing); the speed claims rest on it (tables.verdicts).
+PAIRED_TIMING = {
+    exp: f"{RESULTS}/{exp}/paired_timing_{exp}.csv"
+    for exp, settings in EXPERIMENTS.items()
+    if "paired_timing" in settings
+}
+
+
+def paired_threads(exp):
+    launch = EXPERIMENTS[exp]["launch"]
+    return job_threads(launch_threads(launch, launch["world_size"]))
+
+
+rule paired_timing:
+    input:
+        settings=lambda w: settings_file(w.exp),
+        model=lambda w: model_record(w.exp),
+        tokens=lambda w: tokens_path(w.exp),
+        code=lambda w: sorted(
+            {*sources_of("bench.paired_timing")}
+            | {f for s in EXPERIMENTS[w.exp]["strategies"] for f in run_sources(s)}
+        ),
+    output:
+        f"{RESULTS}/{{exp}}/paired_timing_{{exp}}.csv",
+    log:
+        f"{RESULTS}/{{exp}}/logs/paired_timing.log",
+    priority: MANY_CORES
+    conda:
+        ENV
+    # Locally all cores, like a run: nothing else shares the CPUs while it times.
+    threads: lambda w: paired_threads(w.exp)
+    params:
+        model_dir=lambda w, input: os.path.dirname(input.model),
+    shell:
+        "python -m shardlab bench-paired --experiment-config {input.settings}"
+        " --model-dir {params.model_dir} --tokens {input.tokens} --out {output} > {log} 2>&1"
+
+
 REPORT_INPUTS.extend(RUNS_TABLES)

@@ -8,7 +8,7 @@ if STUDY.experiments_of("zero"):
     VERDICT_EVIDENCE += table_files("zero_memory")
 if STUDY.experiments_of("tensor_parallel"):
     VERDICT_EVIDENCE += table_files("tp_memory_categories")
-VERDICT_EVIDENCE += TIMING_NOISE
+VERDICT_EVIDENCE += TIMING_NOISE + list(PAIRED_TIMING.values())
 
 
 rule verdicts_tables:

@@ -33,6 +33,19 @@ def throughput_ratio(fast_times, slow_times, seed: int = 0) -> tuple[float, floa
     return float(np.median(slow) / np.median(fast)), low, high
 
 
+# Student's t, 97.5th percentile, by degrees of freedom (a 95 % interval of a mean over a few rounds).
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def paired_ratio(ratios) -> tuple[float, float, float]:
+    """A throughput ratio measured in rounds side by side (one ratio per round): its geometric mean and
+    the 95 % t interval of the mean of the log ratios, so the interval is the rounds' own spread."""
+    logs = np.log(np.asarray(ratios, float))
+    mean = float(logs.mean())
+    half = T_975.get(logs.size - 1, 1.96) * float(logs.std(ddof=1)) / np.sqrt(logs.size)
+    return float(np.exp(mean)), float(np.exp(mean - half)), float(np.exp(mean + half))
+
+
 def run_to_run_sigma(repeats) -> float:
     """The run-to-run noise of a throughput ratio: the standard deviation of log(ratio) over repeated
     runs of the same pair (a table with columns strategy, versus, ratio, one row per repeat; written by

@@ -8,21 +8,25 @@ study's verdict, computed from the other tables so that it changes when the data
 - strategy_choice: per experiment, which finished strategy that reproduces its reference to do what:
   the fastest (and whether it beats the runner-up beyond noise) and the least memory per rank.
 
-Throughput ratios carry a 95 % interval: the wider of the bootstrap interval over the timed steps of
-both runs (`core.step_stats`, the `timed` column of `steps`: step-to-step noise within the two runs) and
-the run-to-run noise measured by repeating whole runs on this machine (`timing_noise`, written by
-scripts/timing-noise.py; the bootstrap alone is too narrow: a pair's ratio moved by more than its
-within-run interval from one launch to the next). A ratio decides a claim only when its whole interval
-lies on one side of 1. Memory comparisons use measured bytes, which are deterministic: they decide by
+Throughput ratios come, where the experiment times its strategies side by side (`paired_timing`, rule
+paired_timing: rounds of blocks in rotated order in one launch, so that background load hits both),
+from those rounds: the geometric mean of the per-round ratios with the 95 % t interval of their mean,
+and the run-to-run noise is their spread, measured in this DAG. Elsewhere a ratio of two separate runs
+carries the wider of the bootstrap interval over the timed steps of both runs (`core.step_stats`:
+step-to-step noise within the two runs) and the run-to-run noise measured by repeating whole runs on
+this machine (`timing_noise`, written by scripts/timing-noise.py). A ratio decides a claim only when
+its whole interval lies on one side of 1. Memory comparisons use measured bytes, which are deterministic: they decide by
 comparison alone.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 
-from shardlab.core.step_stats import run_to_run_sigma, throughput_ratio, with_run_noise
+from shardlab.core.step_stats import paired_ratio, run_to_run_sigma, throughput_ratio, with_run_noise
 from shardlab.strategies import NOISE_RUNS
 from shardlab.strategies.roles import hand_written_data_parallel, the_reference, tp_pair, zero_ladder
 from shardlab.tables import TableInputs
@@ -35,6 +39,7 @@ NOISE_COLUMNS = ["experiment", "strategy", "versus", "repeats", "ratio_min", "ra
 CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "ratio", "ratio_low", "ratio_high", "decided", "evidence"]
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not decidable"
 STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
+PAIRED = "paired_timing_"  # the paired-timing tables, one per experiment that times side by side
 
 
 
@@ -71,16 +76,44 @@ def noisy_ratio(fast_times, slow_times, sigma: float) -> tuple[float, float, flo
     return ratio, wide_low, wide_high, how
 
 
-def speed_rows(steps: pd.DataFrame, sigma: float = 0.0) -> list[dict]:
+def paired_rounds(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Every finished round of every paired timing: experiment, round, strategy, tokens_per_s."""
+    frames = [t for name, t in tables.items() if name.startswith(PAIRED) and "status" in t and len(t)]
+    done = pd.concat(frames) if frames else pd.DataFrame(columns=["experiment", "round", "strategy", "tokens_per_s",
+                                                                  "status"])
+    return done[done["status"] == "ok"]
+
+
+def round_ratios(rounds: pd.DataFrame, exp: str, fast: str, slow: str) -> np.ndarray:
+    """tokens/s of `fast` over `slow` in each round of `exp` that timed both."""
+    mine = rounds[rounds["experiment"] == exp]
+    if mine.empty:
+        return np.array([])
+    mine = mine.pivot_table(index="round", columns="strategy", values="tokens_per_s")
+    if fast not in mine or slow not in mine:
+        return np.array([])
+    return (mine[fast] / mine[slow]).dropna().to_numpy(float)
+
+
+def speed_rows(steps: pd.DataFrame, sigma: float = 0.0, rounds: pd.DataFrame | None = None) -> list[dict]:
     rows = []
     times = _times(steps)
+    rounds = rounds if rounds is not None else paired_rounds({})
     for claim, statement, fast, slow in SPEED_CLAIMS:
-        experiments = sorted({e for e, s in times if s == fast} & {e for e, s in times if s == slow})
+        experiments = sorted({e for e, s in times if s == fast} & {e for e, s in times if s == slow}
+                             | {e for e in set(rounds["experiment"]) if len(round_ratios(rounds, e, fast, slow)) > 1})
         for exp in experiments:
-            ratio, low, high, how = noisy_ratio(times[exp, fast], times[exp, slow], sigma)
+            paired = round_ratios(rounds, exp, fast, slow)
+            if len(paired) > 1:
+                ratio, low, high = paired_ratio(paired)
+                evidence = (f"{fast} / {slow} tokens/s = {ratio:.2f} (timed side by side in {len(paired)} rounds of "
+                            f"this DAG, order rotated: 95 % interval {low:.2f}-{high:.2f}; per round "
+                            f"{paired.min():.2f}-{paired.max():.2f})")
+            else:
+                ratio, low, high, how = noisy_ratio(times[exp, fast], times[exp, slow], sigma)
+                evidence = (f"{fast} / {slow} tokens/s = {ratio:.2f} ({how}; "
+                            f"{len(times[exp, fast])} and {len(times[exp, slow])} timed steps)")
             verdict = decide_ratio(low, high)
-            evidence = (f"{fast} / {slow} tokens/s = {ratio:.2f} ({how}; "
-                        f"{len(times[exp, fast])} and {len(times[exp, slow])} timed steps)")
             if verdict == UNDECIDED:  # say which way the point estimate goes, not only that it cannot decide
                 evidence += f"; the point estimate goes {'with' if ratio > 1 else 'against'} the claim"
             rows.append(_row(claim, statement, exp, f"tokens/s {fast} / {slow}", ratio, verdict, evidence, low, high))
@@ -165,13 +198,34 @@ def _times(steps: pd.DataFrame) -> dict[tuple[str, str], np.ndarray]:
     return {key: g["step_time_s"].to_numpy() for key, g in ok.groupby(["experiment", "strategy"])}
 
 
+def paired_noise(tables: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
+    """The paired timings as repeats of every pair of an experiment's strategies, one ratio per round (the
+    timing-noise table's columns), or None where no experiment timed side by side."""
+    rounds = paired_rounds(tables)
+    if rounds.empty:
+        return None
+    rows = [{"experiment": exp, "strategy": a, "versus": b, "ratio": r, "cpu_model": "this DAG's machine",
+             "cpu_cores": None, "date": "this DAG"}
+            for exp in sorted(set(rounds["experiment"]))
+            for a, b in itertools.combinations(sorted(set(rounds[rounds["experiment"] == exp]["strategy"])), 2)
+            for r in round_ratios(rounds, exp, a, b)]
+    return pd.DataFrame(rows)
+
+
+def timing_noise(tables: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
+    """The run-to-run noise's repeats: the paired rounds of this DAG where there are any, else the committed
+    measurement of this machine (`timing_noise`)."""
+    paired = paired_noise(tables)
+    return paired if paired is not None else tables.get("timing_noise")
+
+
 def run_to_run_noise(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    noise = tables.get("timing_noise")
+    noise = timing_noise(tables)
     if noise is None or noise.empty:
         return pd.DataFrame(columns=NOISE_COLUMNS)
     keys = ["experiment", "strategy", "versus", "cpu_model", "cpu_cores", "date"]
     rows = [{**dict(zip(keys, key)), "repeats": len(g), "ratio_min": g["ratio"].min(), "ratio_max": g["ratio"].max(),
-             "sigma": run_to_run_sigma(g)} for key, g in noise.groupby(keys)]
+             "sigma": run_to_run_sigma(g)} for key, g in noise.groupby(keys, dropna=False)]
     pooled = run_to_run_sigma(noise)
     # pooled_factor: a single run's ratio spans ratio / factor .. ratio * factor from run-to-run noise alone
     return pd.DataFrame(rows).assign(pooled_sigma=pooled, pooled_factor=np.exp(1.96 * pooled))[NOISE_COLUMNS]
@@ -193,7 +247,7 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
             continue
         ranked = sorted(eligible, key=lambda s: np.median(eligible[s]))
         best, second = ranked[:2]
-        ratio, low, high, how = noisy_ratio(eligible[best], eligible[second], run_to_run_sigma(tables.get("timing_noise")))
+        ratio, low, high, how = noisy_ratio(eligible[best], eligible[second], run_to_run_sigma(timing_noise(tables)))
         clear = low > 1
         rows.append({"experiment": exp, "goal": "throughput", "choice": best, "versus": second, "ratio": ratio,
                      "ratio_low": low, "ratio_high": high, "decided": clear,
@@ -216,7 +270,7 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def verdicts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    speed = speed_rows(tables["steps"], run_to_run_sigma(tables.get("timing_noise")))
+    speed = speed_rows(tables["steps"], run_to_run_sigma(timing_noise(tables)), paired_rounds(tables))
     rows = [*speed, growth_row(speed, tables["runs"]), *zero_memory_rows(tables.get("zero_memory")),
             *tp_memory_rows(tables.get("tp_memory_categories"))]
     return pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", kind="stable").reset_index(drop=True)
