@@ -19,7 +19,7 @@ PLAN = ["--model", "pythia-1b", "--hardware", A100, "--nodes", "1", "--global-ba
 # that wraps torchrun). Everything a person or a rule runs is a `shardlab` command.
 PER_RANK_PROGRAMS = {"__main__", "runner.worker", "runner.agent", "runner.fork_server", "runner.rank_client",
                      "bench.cost_grid", "bench.instrumentation", "bench.comm", "bench.inference",
-                     "bench.parity_sensitivity"}
+                     "bench.parity_sensitivity", "bench.paired_timing"}
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
