@@ -16,6 +16,7 @@ claims on the per-round ratios, and their spread is the run-to-run noise it repo
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import tempfile
@@ -60,36 +61,45 @@ def timed_block(strategy, batches, training: dict, first_step: int, steps: int) 
     return slowest.tolist()
 
 
-@record  # an exception escaping a rank becomes torchrun's error file (runner.failures)
-def worker(args) -> None:
+def timed_rounds(exp: dict, topo, model_dir: Path, tokens: Path) -> list[dict]:
+    """Every strategy built once, then timed block by block in rotated rounds: one row per block."""
     from shardlab.core.data import TokenBatches
     from shardlab.core.model import load_model
-    from shardlab.core.topology import init_topology, shutdown
     from shardlab.runner.worker import make_reproducible
+
+    training = dict(exp["training"], fault_injection="none", checkpoint_every=0, save_model=False, save_model_every=0)
+    make_reproducible(training)
+    batches = TokenBatches.from_file(tokens, training, exp["data"])
+    names, setting = compared(exp), exp["paired_timing"]
+    built = {name: get_spec(name).build(load_model(model_dir), topo, training, get_spec(name).options(exp))
+             for name in names}
+    rows, step = [], 0
+    for round_ in range(setting["rounds"]):
+        for position, name in enumerate(rotated(names, round_)):
+            times = timed_block(built[name], batches, training, step, setting["steps"])
+            step += setting["steps"] + 1
+            rows.append({"round": round_, "position": position, "strategy": name,
+                         "step_s": statistics.median(times), "steps": len(times)})
+        if topo.is_main:
+            print(f"[paired_timing] {exp['name']}: round {round_ + 1}/{setting['rounds']} "
+                  + ", ".join(f"{r['strategy']} {r['step_s'] * 1e3:.1f} ms" for r in rows[-len(names):]), flush=True)
+    return rows
+
+
+@record  # an exception escaping a rank becomes torchrun's error file (runner.failures)
+def worker(args) -> None:
+    from shardlab.core.topology import init_topology, shutdown
 
     exp = json.loads(args.experiment_config.read_text())
     topo = init_topology(exp["launch"])
     try:
-        training = dict(exp["training"], fault_injection="none", checkpoint_every=0, save_model=False,
-                        save_model_every=0)
-        make_reproducible(training)
-        batches = TokenBatches.from_file(args.tokens, training, exp["data"])
-        names, setting = compared(exp), exp["paired_timing"]
-        built = {name: get_spec(name).build(load_model(args.model_dir), topo, training, get_spec(name).options(exp))
-                 for name in names}
-        rows, step = [], 0
-        for round_ in range(setting["rounds"]):
-            for position, name in enumerate(rotated(names, round_)):
-                times = timed_block(built[name], batches, training, step, setting["steps"])
-                step += setting["steps"] + 1
-                rows.append({"round": round_, "position": position, "strategy": name,
-                             "step_s": statistics.median(times), "steps": len(times)})
-            if topo.is_main:
-                print(f"[paired_timing] {exp['name']}: round {round_ + 1}/{setting['rounds']} "
-                      + ", ".join(f"{r['strategy']} {r['step_s'] * 1e3:.1f} ms" for r in rows[-len(names):]), flush=True)
+        rows = timed_rounds(exp, topo, args.model_dir, args.tokens)
         if topo.is_main:
             args.worker_out.write_text(json.dumps(rows))
     finally:
+        # The strategies (DDP's reducer holds a process group) go before the process groups: a reducer
+        # freed after them waits forever for the group's worker thread.
+        gc.collect()
         shutdown()
 
 
