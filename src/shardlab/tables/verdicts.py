@@ -15,8 +15,8 @@ and the run-to-run noise is their spread, measured in this DAG. Elsewhere a rati
 carries the wider of the bootstrap interval over the timed steps of both runs (`core.step_stats`:
 step-to-step noise within the two runs) and the run-to-run noise measured by repeating whole runs on
 this machine (`timing_noise`, written by scripts/timing-noise.py). A ratio decides a claim only when
-its whole interval lies on one side of 1. Memory comparisons use measured bytes, which are deterministic: they decide by
-comparison alone.
+its whole interval lies on one side of 1. Memory comparisons use measured bytes, which are
+deterministic: they decide by comparison alone.
 """
 
 from __future__ import annotations
