@@ -109,6 +109,12 @@ def run_threads(exp, strategy):
     return job_threads(run_resources(EXPERIMENTS[exp], strategy)["threads"])
 
 
+def paired_threads(exp):
+    """Threads of an experiment's paired timing: one launch on its world size, like a run."""
+    launch = EXPERIMENTS[exp]["launch"]
+    return job_threads(launch_threads(launch, launch["world_size"]))
+
+
 # Executors that can give one job several nodes (the launcher starts one torchrun agent per node with
 # srun). The local executor runs a multi-node experiment's ranks on this machine (torchrun --standalone);
 # the Kubernetes executor runs one pod per job, so it cannot.

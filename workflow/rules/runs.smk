@@ -84,11 +84,6 @@ PAIRED_TIMING = {
 }
 
 
-def paired_threads(exp):
-    launch = EXPERIMENTS[exp]["launch"]
-    return job_threads(launch_threads(launch, launch["world_size"]))
-
-
 rule paired_timing:
     input:
         settings=lambda w: settings_file(w.exp),

@@ -132,19 +132,15 @@ def _layer_parts(model: ModelShape, s: int, b: int, t: int, split: str, stored: 
 
 def routed_expert_bytes(model: ModelShape, tokens: int, t: int, value_bytes: int, width: int) -> float:
     """What a top-k mixture of experts saves beyond one dense MLP of the expert's width: k-1 more
-    expert passes (their hidden activations); per routed copy of a token (k per token, balanced routing,
-    none dropped) the expert's GEMM input, its output, which the weighted combine multiplies, and the
-    weighted output, which the combine's index_add keeps, plus four int64 indices and its weight; per
-    token the router's fp32 probabilities and the top-k ids, probabilities and their sum.
-    Expert tensor parallelism splits only the experts' hidden width over tp: the tokens a rank's experts
-    take in and give back are whole on every tp rank (the column-parallel input, the reduced row-parallel
-    output; under SP gathered from the sequence shards first). Calibrated on 2026-12-07 against
-    `ep_moe` and composed_moe's EP x TP+SP run (the saved tensors of `expert_parallel.moe`, listed)."""
-    h, k, experts = model.hidden_size, model.top_k, model.num_experts
+    expert passes (their hidden activations), the k dispatched copies of each token (the experts'
+    GEMM inputs) and the k expert outputs the weighted combine multiplies, and the router's fp32
+    probabilities. Balanced routing assumed. Expert tensor parallelism splits only the experts' hidden
+    width over tp: the tokens a rank's experts take in and give back are whole on every tp rank (the
+    column-parallel input, the reduced row-parallel output; under SP gathered from the sequence shards
+    first), as measured on composed_moe's EP x TP+SP run (a calibration point from 2026-12-07)."""
+    h, k = model.hidden_size, model.top_k
     hidden = model.mlp_matrices * value_bytes * tokens * width / t  # GeLU input and output, or SwiGLU's three
-    copies = k * tokens
-    return ((k - 1) * hidden + copies * (3 * value_bytes * h + 4 * 8 + 4)
-            + tokens * (4 * experts + k * (8 + 4) + 4))
+    return (k - 1) * hidden + 2 * k * value_bytes * tokens * h + 4 * tokens * model.num_experts
 
 
 @lru_cache(maxsize=65536)
