@@ -13,12 +13,15 @@ import sys
 
 COMMANDS = {
     "check-config": ("shardlab.study:check_main", "validate a config file without running anything"),
+    "write-settings": ("shardlab.study:write_settings_main", "save one experiment's resolved settings (the workflow)"),
     "prepare-model": ("shardlab.prepare:model_main", "build or download an experiment's model"),
     "prepare-data": ("shardlab.prepare:data_main", "tokenize an experiment's corpus"),
     "fetch-dataset": ("shardlab.science.sources:main", "download a Hugging Face dataset's split as a corpus CSV"),
     "save-splits": ("shardlab.core.splits:main", "save an experiment's train/validation/test splits"),
     "pretrain": ("shardlab.pretrain:main", "pretrain the science base model on the science experiments' training parts"),
     "launch": ("shardlab.runner.launch:main", "run one strategy under torchrun and record the outcome"),
+    "share-run": ("shardlab.runner.launch:share_main",
+                  "record an experiment's reference run as another's identical one"),
     "bench-comm": ("shardlab.bench.comm:main", "time each collective over message sizes and fit alpha-beta"),
     "bench-inference": ("shardlab.bench.inference:main", "time tensor-parallel generation"),
     "bench-paired": ("shardlab.bench.paired_timing:main",

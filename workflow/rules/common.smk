@@ -2,7 +2,6 @@
 import glob
 import json
 import os
-from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -104,9 +103,6 @@ def job_threads(threads_used):
 # which then run alone beside an idle core; deferred, those gather and run side by side once the measurements
 # are done, the longest of them (the science evaluations) first.
 MANY_CORES, LONG_ONE_CORE = 2, 1
-# Before them, the one-thread jobs that every run waits for (a model on disk, its tokens): two at a time
-# they take ~10 s where, queued behind the first measurements, they held the first run back ~35 s.
-UNBLOCKS_RUNS = 3
 
 
 def run_threads(exp, strategy):
@@ -193,18 +189,3 @@ def table_args(input):
 
 # Tables the report reads; rule files of other topics extend this list.
 REPORT_INPUTS = []
-
-
-def write_settings(exp, settings, out, log):
-    """An experiment's resolved settings as its runs read them (rule experiment_settings)."""
-    Path(out).write_text(json.dumps(json.loads(settings), indent=2, sort_keys=True))
-    Path(log).write_text(f"{exp}: settings written to {out}\n")
-
-
-def share_reference_run(exp, source_summary, out_summary, log):
-    """Another experiment's identical single-device run recorded as this one's (rule share_reference);
-    shardlab.runner.launch imports no torch, so Snakemake's process stays light."""
-    from shardlab.runner.launch import share_reference
-
-    share_reference(Path(source_summary).parent, Path(out_summary).parent, exp)
-    Path(log).write_text(f"{exp}/{SINGLE.name}: shares the identical reference run {source_summary}\n")

@@ -3,18 +3,18 @@
 # results/<exp>/attempts/, which Snakemake never deletes.
 
 
-# Two small jobs run in Snakemake's own process (run:): a Python start per job cost ~1 s each (20 settings
-# files and 10 shared references in the default study).
 rule experiment_settings:
     output:
         f"{RESULTS}/{{exp}}/experiment.json",
     log:
         f"{RESULTS}/{{exp}}/logs/experiment.log",
+    conda:
+        ENV
     params:
         # A change to an experiment's settings changes this param and reruns only that experiment.
         settings=lambda w: json.dumps(EXPERIMENTS[w.exp], sort_keys=True),
-    run:
-        write_settings(wildcards.exp, params.settings, output[0], log[0])
+    shell:
+        "python -m shardlab write-settings {params.settings:q} {output} > {log} 2>&1"
 
 
 rule run_strategy:
@@ -66,5 +66,10 @@ rule share_reference:
         f"{RESULTS}/{{exp}}/logs/{SINGLE.name}.log",
     wildcard_constraints:
         exp="|".join(SHARED_REFERENCE) or "(?!)",
-    run:
-        share_reference_run(wildcards.exp, input.summary, output.summary, log[0])
+    conda:
+        ENV
+    params:
+        source=lambda w, input: os.path.dirname(input.summary),
+        out=lambda w, output: os.path.dirname(output.summary),
+    shell:
+        "python -m shardlab share-run {params.source} {params.out} {wildcards.exp} > {log} 2>&1"

@@ -249,6 +249,19 @@ def _has_nvidia_driver() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
+def share_main(argv: list[str] | None = None) -> int:
+    """`python -m shardlab share-run SOURCE OUT EXPERIMENT`: an experiment whose reference run is identical to
+    another's records that run instead of training it again."""
+    parser = cli.Parser(prog="shardlab share-run", description=share_main.__doc__)
+    parser.add_argument("source", type=cli.existing_dir, help="the run folder that trained it")
+    parser.add_argument("out", type=Path, help="this experiment's run folder")
+    parser.add_argument("experiment", help="this experiment's name")
+    args = parser.parse_args(argv)
+    share_reference(args.source, args.out, args.experiment)
+    console(f"[launch] {args.experiment}/single: shares the identical reference run {args.source}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cli.Parser(prog="shardlab launch", description=__doc__)
     parser.add_argument("--experiment-config", type=cli.existing_file, required=True)
