@@ -46,7 +46,6 @@ def test_every_command_names_an_unknown_flag_in_one_line(capsys, command):
      "--world-size: 3 devices are not whole nodes"),
     (["share-run"], "required: source, out, experiment"),
     (["launch", "share"], "required"),
-    (["write-settings", "{not json", "out.json"], "not JSON"),
     (["tables", "runs", "--out-dir", "x", "--summaries", "no/such/summary.json"], "no such file"),
     (["tables", "runs", "--out-dir", "x", "--workers", "0"], "--workers: 0"),
     (["bench-comm", "--settings", "{", "--bench-out", "a", "--fit-out", "b"], "--settings: not JSON"),

@@ -13,7 +13,6 @@ import sys
 
 COMMANDS = {
     "check-config": ("shardlab.study:check_main", "validate a config file without running anything"),
-    "write-settings": ("shardlab.study:write_settings_main", "save one experiment's resolved settings (the workflow)"),
     "prepare-model": ("shardlab.prepare:model_main", "build or download an experiment's model"),
     "prepare-data": ("shardlab.prepare:data_main", "tokenize an experiment's corpus"),
     "fetch-dataset": ("shardlab.science.sources:main", "download a Hugging Face dataset's split as a corpus CSV"),

@@ -285,14 +285,3 @@ def check_main(argv: list[str] | None = None) -> int:
     print("parity tolerances (shardlab.tables.parity):\n" + "\n".join(
         f"  {name}: {planned_tolerance(exp)}" for name, exp in study.experiments.items()))
     return 0
-
-
-def write_settings_main(argv: list[str] | None = None) -> int:
-    """`python -m shardlab write-settings SETTINGS_JSON OUT`: save one experiment's resolved settings."""
-    parser = cli.Parser(prog="shardlab write-settings", description=write_settings_main.__doc__)
-    parser.add_argument("settings", type=cli.json_value, help="the experiment's resolved settings (JSON)")
-    parser.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(args.settings, indent=2, sort_keys=True))
-    return 0

@@ -103,6 +103,9 @@ def job_threads(threads_used):
 # which then run alone beside an idle core; deferred, those gather and run side by side once the measurements
 # are done, the longest of them (the science evaluations) first.
 MANY_CORES, LONG_ONE_CORE = 2, 1
+# Before them, the one-thread jobs that every run waits for (a model on disk, its tokens): two at a time
+# they take ~10 s where, queued behind the first measurements, they held the first run back ~35 s.
+UNBLOCKS_RUNS = 3
 
 
 def run_threads(exp, strategy):

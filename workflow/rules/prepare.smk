@@ -6,6 +6,7 @@ rule prepare_model:
         f"{RESOURCES}/models/{{model}}/shardlab_model.json",
     log:
         f"{RESOURCES}/logs/model_{{model}}.log",
+    priority: UNBLOCKS_RUNS
     conda:
         ENV
     params:
@@ -23,6 +24,7 @@ rule prepare_data:
         f"{RESOURCES}/data/{{model}}/{{corpus}}/tokens.npy",
     log:
         f"{RESOURCES}/logs/data_{{model}}_{{corpus}}.log",
+    priority: UNBLOCKS_RUNS
     conda:
         ENV
     params:
