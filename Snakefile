@@ -38,9 +38,10 @@ include: "workflow/rules/pipeline.smk"
 include: "workflow/rules/composed.smk"
 include: "workflow/rules/science.smk"
 include: "workflow/rules/verdicts.smk"
-include: "workflow/rules/abstract.smk"
 include: "workflow/rules/predictions.smk"
 include: "workflow/rules/planning.smk"
+include: "workflow/rules/guide.smk"
+include: "workflow/rules/abstract.smk"
 include: "workflow/rules/report.smk"
 
 

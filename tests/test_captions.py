@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from shardlab.reporting import captions
+from shardlab.reporting import captions, science_captions
 
 
 def test_the_parity_caption_names_a_run_that_leaves_the_tolerance():
@@ -30,12 +30,32 @@ def test_the_data_parallel_caption_leads_with_the_strategy_that_blocks_least():
     assert captions.dp_blocking(steps).startswith("dp_naive blocks least")
 
 
-def test_the_science_caption_counts_metrics_beaten_beyond_noise():
-    paired = pd.DataFrame({"label": ["accuracy", "accuracy", "MAE"], "beats_baseline": [True, True, "False"]})
-    assert captions.science_gains(paired).startswith("The model beats its baseline beyond noise on 1 of 2 metrics "
-                                                     "(accuracy)")
-    paired.loc[1, "beats_baseline"] = False  # one strategy that does not: the metric is not won
-    assert captions.science_gains(paired).startswith("The model beats its baseline beyond noise on 0 of 2 metrics;")
+def _outcomes(**changes) -> pd.DataFrame:
+    """science_outcomes rows as tables.science.outcomes writes them: one metric per row, verdicts over its runs."""
+    table = pd.DataFrame({"domain": ["chemistry", "chemistry", "biology"], "metric_title": [
+        "solubility error (log units)", "samples following the requested solubility (rank correlation)",
+        "structural-class accuracy"], "value": [1.98, -0.09, 0.39], "baseline": [2.05, 0.0, 0.29], "baseline_name": [
+        "training mean", "condition-blind sampler", "majority class"], "beats_baseline": ["every run", "no run", "every run"],
+        "before": [4.0, None, 0.29], "improved": ["every run", None, "some runs"], "worse": ["no run", None, "no run"]})
+    for column, values in changes.items():
+        table[column] = values
+    return table
+
+
+def test_the_science_captions_count_the_same_rows_and_say_what_is_not_beaten():
+    outcomes = _outcomes()
+    assert science_captions.science_gains(outcomes).startswith(
+        "The fine-tuned models beat their baseline beyond noise on 2 of 3 metrics in every run (solubility error (log "
+        "units) and structural-class accuracy)")
+    text = science_captions.science_outcomes(outcomes)
+    assert "chemistry beats it on solubility error (log units) (1.98 against 2.05), but not on samples following the " \
+           "requested solubility (rank correlation) (-0.09 against 0, condition-blind sampler)" in text
+    assert text.endswith("2 of 3 metrics that have a baseline beat it beyond noise in every run.")
+    assert science_captions.science_fine_tuning(outcomes).startswith(
+        "Fine-tuning improved 1 of 2 metrics beyond noise in every run (solubility error (log units) 4 → 1.98)")
+    changed = _outcomes(beats_baseline=["every run", "no run", "some runs"])  # one run that does not: not won
+    assert "on 1 of 3 metrics" in science_captions.science_gains(changed)
+    assert "1 of 3 metrics that have a baseline" in science_captions.science_outcomes(changed)
 
 
 def test_the_science_weights_caption_names_identical_weights_failed_parity_and_metric_gaps():
@@ -46,34 +66,34 @@ def test_the_science_weights_caption_names_identical_weights_failed_parity_and_m
                            "within_tolerance": [True, True], "max_loss_deviation": [0.0, 2e-7], "tolerance": [1e-3, 1e-3]})
     finals = pd.DataFrame({"experiment": ["science_chemistry"] * 2, "strategy": ["single", "tp"], "test_set": "test",
                            "metric": "logs_mae", "value": [1.90, 1.90], "low": [1.5, 1.5], "high": [2.3, 2.3]})
-    text = captions.science_weights(runs, parity, finals)
+    text = science_captions.science_weights(runs, parity, finals)
     assert text.startswith("2 of 2 parallel fine-tuning runs passed parity with their single device (largest loss "
                            "deviation 2e-07, at most 0.02 % of its tolerance)")
     assert "identical weights to the single device's (sha256): biology ddp" in text
     assert "chemistry tp saved weights within rounding of the single device's, not identical; their domain metrics " \
            "equal the single device's" in text
     finals.loc[1, "value"] = 2.10  # half of the interval's half-width away
-    assert "differ from the single device's by at most 50% of an interval's half-width" in captions.science_weights(
+    assert "differ from the single device's by at most 50% of an interval's half-width" in science_captions.science_weights(
         runs, parity, finals)
     parity["within_tolerance"] = [True, "False"]  # as a CSV may read back
     parity.loc[1, "max_loss_deviation"] = 0.01
-    assert captions.science_weights(runs, parity, finals).startswith(
+    assert science_captions.science_weights(runs, parity, finals).startswith(
         "1 of 2 parallel fine-tuning runs passed parity with their single device (largest loss deviation 0.01, at most "
         "1e+03 % of its tolerance); failed: science_chemistry tp")
     runs.loc[1, "weights"] = "dd"
-    assert "identical weights" not in captions.science_weights(runs, parity, finals)
+    assert "identical weights" not in science_captions.science_weights(runs, parity, finals)
 
 
 def test_the_published_caption_counts_metrics_with_a_reference():
     table = pd.DataFrame({"domain": "chemistry", "metric": ["logs_mae", "validity", "condition_tracking_spearman"],
                           "test_set": ["test", "sampled", "sampled"], "value": [1.9, 0.75, -0.1],
                           "better": ["lower", "higher", "higher"], "published": [0.76, 0.97, None]})
-    assert captions.science_published(table).startswith(
+    assert science_captions.science_published(table).startswith(
         "2 of 3 metrics beside a published figure from a real domain model; none was found for "
         "condition_tracking_spearman. Farthest from the field: chemistry logs_mae (test), 1.9 against 0.76 (2.5 times "
         "worse); nearest: chemistry validity (sampled), 0.75 against 0.97 (1.3 times worse)")
     table.loc[0, "value"] = 0.5  # ahead of the field
-    assert "nearest: chemistry logs_mae (test), 0.5 against 0.76 (0.7 times worse)" in captions.science_published(table)
+    assert "nearest: chemistry logs_mae (test), 0.5 against 0.76 (0.7 times worse)" in science_captions.science_published(table)
 
 
 def test_the_offload_caption_says_which_rung_keeps_states_on_the_host():

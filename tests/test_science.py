@@ -327,7 +327,7 @@ def test_time_to_target_and_the_science_tables():
     assert runs.loc["ddp", "steps"] == 2 and pd.isna(runs.loc["fsdp2_full", "steps"])
     curves = tables["science_curves"]
     assert len(curves) == 4 and list(curves[curves.strategy == "ddp"]["step"]) == [1, 2]
-    assert list(tables["science_metrics"].columns) == ev.COLUMNS and len(tables["science_metrics"]) == 1
+    assert list(tables["science_metrics"].columns) == [*ev.COLUMNS, "metric_title"] and len(tables["science_metrics"]) == 1
     assert tables["science_metrics"]["value"].tolist() == [1.0]  # the final model's row only
     assert tables["science_fine_tuning"][["value", "baseline"]].values.tolist() == [[1.0, 1.3]]
     domain_curve = tables["science_domain_curves"]
@@ -337,7 +337,7 @@ def test_time_to_target_and_the_science_tables():
 def test_science_tables_without_evaluations_keep_their_columns():
     inputs = _science_inputs()
     inputs.tables.clear()
-    assert list(build(inputs)["science_metrics"].columns) == ev.COLUMNS
+    assert list(build(inputs)["science_metrics"].columns) == [*ev.COLUMNS, "metric_title"]
 
 
 # --- the trained model leaves the run (real torchrun) --------------------------------------------

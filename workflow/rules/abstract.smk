@@ -1,12 +1,21 @@
-# The report's abstract, each sentence computed from a table (what ran, parity, the verdicts, the
-# fastest strategies, what carries over to GPUs). Logic: shardlab.tables.abstract.
+# The report's abstract, each sentence computed from a table (what ran, parity and its sensitivity, memory
+# against the cost model, the planner on published runs, the science outcome, the verdicts, what carries
+# over to GPUs). Logic: shardlab.tables.abstract.
 
 ABSTRACT_TABLES = table_files("abstract")
 
 
 rule abstract_tables:
     input:
-        tables=table_files("runs", "parity", "verdicts", "strategy_choice"),
+        tables=lambda w: made_by_study(
+            "runs",
+            "parity",
+            "verdicts",
+            "parity_caught",
+            "run_prediction_summary",
+            "planning_published",
+            "science_outcomes",
+        ),
         code=sources_of("tables.abstract"),
     output:
         ABSTRACT_TABLES,

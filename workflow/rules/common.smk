@@ -192,3 +192,8 @@ def table_args(input):
 
 # Tables the report reads; rule files of other topics extend this list.
 REPORT_INPUTS = []
+
+
+def made_by_study(*names):
+    """The named tables this study makes (planning's only with scenarios): a summary reads what exists."""
+    return [path for path in table_files(*names) if path in REPORT_INPUTS]

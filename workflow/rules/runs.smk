@@ -22,7 +22,7 @@ RUNS_TABLES = table_files(
     "experiments",
     "strategies",
     "mechanisms",
-    *(["parity_sensitivity"] if SENSITIVITY else []),
+    *(["parity_sensitivity", "parity_caught"] if SENSITIVITY else []),
 )
 
 

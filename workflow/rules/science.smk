@@ -8,6 +8,7 @@ SCIENCE_TABLES = table_files(
     "science_curves",
     "science_metrics",
     "science_fine_tuning",
+    "science_outcomes",
     "science_published",
     "science_domain_curves",
     "science_tokenizers",

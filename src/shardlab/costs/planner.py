@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from shardlab import cli
-from shardlab.costs import comparison, hardware, stacks
+from shardlab.costs import comparison, hardware, published, stacks
 from shardlab.costs.plan import Cluster, Plan, Workload
 from shardlab.costs.plan_fields import (TYPES, PlanFieldError, fields_help, parse_fields, parse_plan, parse_value,
                                         read_plans)
@@ -51,6 +51,7 @@ class Scenario:
     space: Space
     description: str = ""
     stack: str = ""
+    published: str = ""  # a row of costs/published.yaml to set beside the best plan ("" none)
 
 
 def scenario(entry: dict, where: str) -> Scenario:
@@ -62,11 +63,13 @@ def scenario(entry: dict, where: str) -> Scenario:
             check(entry.get(field))
         except KeyError as err:
             raise ConfigError(f"{where}.{field}", err.args[0]) from None
+    if entry.get("published") and entry["published"] not in {row.key for row in published.rows()}:
+        raise ConfigError(f"{where}.published", f"no published row {entry['published']!r} in costs/published.yaml")
     cluster = Cluster(entry["hardware"], entry["nodes"], entry.get("gpus_per_node", 8), entry.get("host_memory_gb"))
     space = Space(**{k: tuple(v) for k, v in entry.get("space", {}).items()})
     return Scenario(entry["name"], model_shape(entry["model"]), cluster,
                     Workload(entry["global_batch"], entry["seq_len"], entry.get("dropout", 0.0)), space,
-                    entry.get("description", ""), stacks.get(entry.get("stack")).name)
+                    entry.get("description", ""), stacks.get(entry.get("stack")).name, entry.get("published", ""))
 
 
 def scenarios(planning: dict) -> list[Scenario]:

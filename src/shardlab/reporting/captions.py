@@ -6,18 +6,18 @@ from __future__ import annotations
 import pandas as pd
 
 
-def _truthy(column: pd.Series) -> pd.Series:
+def truthy(column: pd.Series) -> pd.Series:
     """A boolean column as read back from a CSV (True/False, or their strings)."""
     return column.astype(str).str.lower().eq("true")
 
 
-def _listed(names: list[str]) -> str:
+def listed(names: list[str]) -> str:
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 
 def parity(parity_runs: pd.DataFrame) -> str:
     """parity.csv rows with a deviation and a tolerance, plus a `run` label."""
-    within = _truthy(parity_runs["within_tolerance"])
+    within = truthy(parity_runs["within_tolerance"])
     outside = parity_runs.loc[~within, "run"]
     return (f"{int(within.sum())} of {len(parity_runs)} parallel runs reproduce their single-device reference's losses "
             "within the tolerance" + ("." if outside.empty else ": " + ", ".join(outside) + " do not.")
@@ -26,7 +26,7 @@ def parity(parity_runs: pd.DataFrame) -> str:
 
 def pipeline_bubble(judged: pd.DataFrame) -> str:
     """One row per pipeline run (its bottleneck rank) with `idle_error`, `idle_tolerance`, `follows_theory`."""
-    held = _truthy(judged["follows_theory"])
+    held = truthy(judged["follows_theory"])
     off = judged[~held]
     return (f"{int(held.sum())} of {len(judged)} pipeline runs keep their bottleneck stage's idle share within "
             f"±{judged['idle_tolerance'].iloc[0]:.2f} of the bubble theory (p−1)/(v·m + p−1)"
@@ -38,7 +38,7 @@ def pipeline_bubble(judged: pd.DataFrame) -> str:
 
 def dp_blocking(steps: pd.DataFrame) -> str:
     """dp_comm_steps.csv: the median time a step blocks in gradient communication, per strategy."""
-    timed = steps[_truthy(steps["timed"])]
+    timed = steps[truthy(steps["timed"])]
     medians = timed.groupby("strategy")["comm_time_s"].median().sort_values()
     if medians.empty:
         return "No data-parallel run timed its gradient communication."
@@ -46,87 +46,6 @@ def dp_blocking(steps: pd.DataFrame) -> str:
     lead = (f"{medians.index[0]} blocks least on gradient communication per step" if len(medians) > 1 else
             f"{medians.index[0]} blocks on gradient communication")
     return f"{lead} (median over timed steps: {', '.join(parts)}). Boxes: timed steps; crosses: warm-up steps."
-
-
-def science_gains(paired: pd.DataFrame) -> str:
-    """Per metric (`label`) and strategy: whether the paired interval against the baseline excludes zero."""
-    beats = paired.groupby("label")["beats_baseline"].agg(lambda b: _truthy(b).all())
-    return (f"The model beats its baseline beyond noise on {int(beats.sum())} of {len(beats)} metrics"
-            + (f" ({', '.join(beats.index[beats])})" if beats.any() else "")
-            + "; a paired interval that crosses zero decides nothing.")
-
-
-def science_fine_tuning(taught: pd.DataFrame) -> str:
-    """science_fine_tuning rows with `label` and `gain` (after − before, signed so that positive is
-    better): per metric, whether fine-tuning improved it beyond noise in every run."""
-    improved = taught.groupby("label")["beats_baseline"].agg(lambda b: _truthy(b).all())
-    worse = taught.groupby("label")["gain_high"].max() < 0
-    parts = [f"{label} {g['baseline'].median():.3g} → {g['value'].median():.3g}"
-             for label, g in taught.groupby("label") if improved[label]]
-    return (f"Fine-tuning improved {int(improved.sum())} of {len(improved)} conditional metrics beyond noise in every run"
-            + (f" ({'; '.join(parts)})" if parts else "")
-            + (f"; {int(worse.sum())} got worse beyond noise" if worse.any() else "")
-            + ". Before: the base model, pretrained on the sequences without their conditions; intervals are "
-            "paired bootstraps over the same held-out rows.")
-
-
-def science_weights(runs: pd.DataFrame, parity_rows: pd.DataFrame, finals: pd.DataFrame) -> str:
-    """science_runs (with `weights`), the science experiments' parity rows and science_metrics' final rows:
-    whether every strategy that fine-tuned passed parity, which saved the single device's weights byte for
-    byte, and how far the others' domain metrics are from the single device's (against the intervals)."""
-    if parity_rows.empty:
-        return "No strategy besides the single device fine-tuned a case, so parity is not tested here."
-    passed = _truthy(parity_rows["within_tolerance"])
-    head = (f"{int(passed.sum())} of {len(parity_rows)} parallel fine-tuning runs passed parity with their single "
-            f"device (largest loss deviation {parity_rows['max_loss_deviation'].max():.2g}, at most "
-            f"{100 * (parity_rows['max_loss_deviation'] / parity_rows['tolerance']).max():.2g} % of its tolerance)")
-    if not passed.all():
-        head += "; failed: " + _listed([f"{r.experiment} {r.strategy}" for r in parity_rows[~passed].itertuples()])
-    same, other = [], []
-    ok = runs[runs["status"] == "ok"]
-    is_reference = ok["strategy"] == ok["reference"]  # the run the others are checked against
-    for experiment, g in ok.groupby("experiment", sort=False):
-        single = g[g["strategy"] == g["reference"]]["weights"]
-        for r in g[g["strategy"] != g["reference"]].itertuples():
-            (same if len(single) and r.weights == single.iloc[0] else other).append((experiment, r.strategy))
-    parts = [head]
-    if same:
-        parts.append("identical weights to the single device's (sha256): "
-                     + _listed([f"{e.removeprefix('science_')} {s}" for e, s in same]))
-    if other:
-        references = set(zip(ok["experiment"][is_reference], ok["strategy"][is_reference]))
-        of_reference = [(e, s) in references for e, s in zip(finals["experiment"], finals["strategy"])]
-        single = finals[of_reference][["experiment", "test_set", "metric", "value", "low", "high"]]
-        pairs = finals.merge(single, on=["experiment", "test_set", "metric"], suffixes=("", "_single"))
-        pairs = pairs[[(e, s) in other for e, s in zip(pairs["experiment"], pairs["strategy"])]]
-        gap = (pairs["value"] - pairs["value_single"]).abs()
-        half_width = (pairs["high_single"] - pairs["low_single"]) / 2
-        parts.append(_listed([f"{e.removeprefix('science_')} {s}" for e, s in other])
-                     + " saved weights within rounding of the single device's, not identical; their domain metrics "
-                     + ("equal the single device's" if not (gap > 0).any() else
-                        f"differ from the single device's by at most {(gap / half_width).max():.0%} of an interval's "
-                        "half-width"))
-    return "; ".join(parts) + "."
-
-
-def science_published(table: pd.DataFrame) -> str:
-    """science_published rows: how many metrics have a published figure, and the farthest from the field and
-    the nearest (how many times worse, in the metric's direction)."""
-    found = table[table["published"].notna()]
-    missing = table[table["published"].isna()]
-    text = (f"{len(found)} of {len(table)} metrics beside a published figure from a real domain model"
-            + (f"; none was found for {_listed(list(missing['metric']))}" if len(missing) else ""))
-    # How many times worse than the field (1: level with it; below 1: ahead of it), where a direction is known.
-    judged = found[found["better"].isin(["higher", "lower"])]
-    if len(judged):
-        behind = judged["value"].where(judged["better"] == "lower", judged["published"]) / \
-            judged["published"].where(judged["better"] == "lower", judged["value"])
-        label = judged["domain"] + " " + judged["metric"] + " (" + judged["test_set"] + ")"
-        far, near = behind.idxmax(), behind.idxmin()
-        text += (f". Farthest from the field: {label[far]}, {judged['value'][far]:.3g} against {judged['published'][far]:.3g}"
-                 f" ({behind[far]:.1f} times worse); nearest: {label[near]}, {judged['value'][near]:.3g} against "
-                 f"{judged['published'][near]:.3g} ({behind[near]:.1f} times worse)")
-    return text + ". The rows say how each setting differs (data, split, model size, features)."
 
 
 def host_offload(rungs: pd.DataFrame) -> str:
@@ -153,7 +72,7 @@ def tp_memory(memory: pd.DataFrame, categories: dict[str, str]) -> str:
             groups.setdefault(cut, []).append(row.get("run", row["strategy"]))
     if not groups:
         return "Memory per rank by category (mean over ranks)."
-    parts = [f"{_listed(runs)} {'holds' if len(runs) == 1 else 'hold'} less than one device in "
+    parts = [f"{listed(runs)} {'holds' if len(runs) == 1 else 'hold'} less than one device in "
              + ("no category" if not cut else f"all {len(cut)} categories" if len(cut) == len(categories)
                 else f"{len(cut)} of {len(categories)} categories ({', '.join(cut)})")
              for cut, runs in groups.items()]
@@ -197,9 +116,9 @@ def mechanisms(held: pd.DataFrame, split_below: float = 0.95) -> str:
 
     def what(split: tuple) -> str:
         return ("nothing" if not split else f"all {len(split)} categories" if len(split) == len(categories)
-                else "only the " + _listed(list(split)))
+                else "only the " + listed(list(split)))
 
-    parts = [f"{_listed(families)} split{'s' * (len(families) == 1)} {what(split)}"
+    parts = [f"{listed(families)} split{'s' * (len(families) == 1)} {what(split)}"
              for split, families in sorted(groups.items(), key=lambda g: -len(g[0]))]
     text = "; ".join(parts)
     return (text[0].upper() + text[1:] + ". Each cell: the share of the single-device amount one rank holds, from the "
@@ -224,7 +143,7 @@ def zero_tradeoff(rungs: pd.DataFrame) -> str:
 def planner_runs(runs: pd.DataFrame) -> str:
     """run_predictions.csv: the planner's error per quantity on this study's runs (calibration runs left out
     of the step time)."""
-    checked = runs[~_truthy(runs["is_calibration_run"])]
+    checked = runs[~truthy(runs["is_calibration_run"])]
     errors = {"model states": runs["model_states_error_pct"], "activations": runs["activations_error_pct"],
               "step time": checked["step_time_error_pct"]}
     median = {name: e.abs().median() for name, e in errors.items() if e.notna().any()}
@@ -240,10 +159,10 @@ def composed_memory(worst: pd.DataFrame) -> str:
     """composed_worst.csv: per quantity, the worst error over every rank of every composed run and its goal."""
     if worst.empty:
         return "No composed rank to compare."
-    met = _truthy(worst["meets_goal"])
+    met = truthy(worst["meets_goal"])
     parts = [f"{r.quantity} {r.worst_abs_error_pct:.2g} % (goal {r.goal_pct:g} %)" for r in worst.itertuples()]
     lead = ("The cost model predicts every rank of every composed run within its goals"
-            if met.all() else "The cost model misses its goal for " + _listed(list(worst.loc[~met, "quantity"])))
+            if met.all() else "The cost model misses its goal for " + listed(list(worst.loc[~met, "quantity"])))
     return f"{lead}: worst errors {', '.join(parts)}. Each point is one rank's bytes of one category."
 
 
@@ -256,11 +175,32 @@ def planner_published(by_source: pd.DataFrame, rows: pd.DataFrame) -> str:
              f"{r.held_out_bias_pct:+.1f} % bias over {r.held_out_rows:.0f} rows" for r in judged.itertuples()]
     met = (judged["held_out_mean_abs_pct"] <= 10) & (judged["held_out_worst_abs_pct"] <= 20)
     lead = ("On every source with three or more held-out rows the planner is within 10 % mean and 20 % worst"
-            if met.all() else "The planner misses its held-out goal on " + _listed(list(judged.loc[~met, "source"])))
-    failed = rows[~_truthy(rows["fits"])]
+            if met.all() else "The planner misses its held-out goal on " + listed(list(judged.loc[~met, "source"])))
+    failed = rows[~truthy(rows["fits"])]
     fit = ("no configuration that ran is predicted not to fit" if failed.empty else
-           f"{len(failed)} configurations that ran are predicted not to fit ({_listed(list(failed['row']))})")
+           f"{len(failed)} configurations that ran are predicted not to fit ({listed(list(failed['row']))})")
     informed = rows[rows["split"] == "informed"]
-    told = (f"; {len(informed)} rows ({_listed(sorted(set(informed['source'])))}) are in-sample: their errors chose "
+    told = (f"; {len(informed)} rows ({listed(sorted(set(informed['source'])))}) are in-sample: their errors chose "
             "a model change" if len(informed) else "")
     return f"{lead} ({'; '.join(parts)}); {fit}{told}."
+
+
+def guide_plans(plans: pd.DataFrame) -> str:
+    """guide_plans.csv: the planner's best plan per scenario, beside the published run named for it."""
+    beside = plans.dropna(subset=["planner_error_on_published_pct"]) if "planner_error_on_published_pct" in plans \
+        else plans.iloc[:0]
+    flagged = plans[plans["above_published_mfu"].fillna("").astype(str).str.len() > 0]
+    text = (f"The planner's best plan for {len(plans)} models and clusters at scale, in the notation "
+            "dp (data-parallel replicas) · tp (tensor-parallel ranks; +sp with sequence parallelism, +ov with its "
+            "communication overlapped) · pp (pipeline stages and their schedule; v: chunks a stage) · cp (context) · "
+            "ep (expert) · how model states are sharded (z1-z3: ZeRO stage) · mb (micro-batch) · rc (recomputation). "
+            "MFU is the share of the GPUs' peak arithmetic that trains the model; ± is the stack's worst error on "
+            "published runs the planner was not fitted to.")
+    if len(beside):
+        text += " Beside it, the run published for that model: " + "; ".join(
+            f"{r.published_scale} ran {r.published_plan} at {r.published_mfu_pct:.0f} % MFU, which the planner "
+            f"predicts within {r.planner_error_on_published_pct:+.0f} %" for r in beside.itertuples()) + "."
+    if len(flagged):
+        text += (f" {len(flagged)} prediction(s) exceed the best MFU ever published for that stack and GPU "
+                 "generation: read them as upper bounds.")
+    return text

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import altair as alt
 
+from shardlab.tables import read_table  # noqa: F401  (the pages read tables through the reporting package)
+
 if TYPE_CHECKING:
     import pandas as pd
 

@@ -34,6 +34,55 @@ class Family(StrEnum):
     EXPERT_PARALLEL = "expert parallel"
 
 
+@dataclass(frozen=True)
+class FamilyGuide:
+    """What a reader choosing a technique needs beyond this study's measurements, which hold on any
+    hardware: how the technique's communication meets its compute, where in a cluster it goes, and what
+    makes it necessary (the report's decision guide, `tables.guide`)."""
+
+    title: str  # the technique as the report names it
+    overlap: str  # whether its communication can hide behind compute, and how
+    placement: str  # where in the topology its group belongs
+    needed_when: str  # what forces it (the planner's scenarios show where it did)
+
+
+GUIDE = {
+    Family.DATA_PARALLEL: FamilyGuide(
+        "Data parallelism (replicas)",
+        "bucketed all-reduces overlap the backward pass (DDP); naive waits for all of them after it",
+        "outermost: across nodes, its all-reduce once per step tolerates the slowest links",
+        "the model states fit on one device and more devices should share the batch"),
+    Family.ZERO: FamilyGuide(
+        "ZeRO / FSDP (sharded replicas)",
+        "gathers of the next layer's weights and reduce-scatters of gradients overlap compute when prefetched",
+        "across the data-parallel group, usually across nodes; stage 3 moves 1.5× the bytes of an all-reduce",
+        "the model states (16 bytes a parameter with Adam and bf16 weights) do not fit on one device"),
+    Family.TENSOR_PARALLEL: FamilyGuide(
+        "Tensor + sequence parallelism",
+        "no: every layer waits for its all-reduce (or all-gather and reduce-scatter with sequence parallelism)",
+        "inside a node (NVLink): it communicates activations twice a layer in both passes",
+        "one layer's weights or activations are too large, or the batch per device is too small for data "
+        "parallelism alone"),
+    Family.PIPELINE_PARALLEL: FamilyGuide(
+        "Pipeline parallelism",
+        "point-to-point activations between stages are small; the cost is the bubble, cut by more micro-batches "
+        "or interleaved stages",
+        "across nodes: it sends only one activation per micro-batch between neighbouring stages",
+        "the model does not fit in one node's tensor-parallel group"),
+    Family.CONTEXT_PARALLEL: FamilyGuide(
+        "Context parallelism (ring attention)",
+        "keys and values pass around the ring while each rank computes attention on the block it holds",
+        "inside a node first; across nodes only for very long sequences",
+        "one sequence's activations do not fit even with tensor and sequence parallelism (long context)"),
+    Family.EXPERT_PARALLEL: FamilyGuide(
+        "Expert parallelism (mixture of experts)",
+        "no in this study: two all-to-alls a layer around the experts (production stacks overlap them with "
+        "the shared parts of the layer)",
+        "inside a node or a rail-aligned group: its all-to-alls cross every rank of the group",
+        "a mixture of experts has more expert weights than a device holds"),
+}
+
+
 # (world size, strategy options) -> the costs.plan.Plan fields of a run: its degrees, schedule, ZeRO
 # flavour and implementation facts (not dtype, optimizer or micro-batch rows: the experiment's).
 # A pipeline may add "micro_batches" (per step), from which the rows per micro-batch follow.

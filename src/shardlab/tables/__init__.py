@@ -24,7 +24,7 @@ import pandas as pd
 from shardlab import cli
 
 TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "composed",
-          "communication", "science", "verdicts", "planning", "predictions", "abstract")
+          "communication", "science", "verdicts", "planning", "predictions", "guide", "abstract")
 
 
 @dataclass

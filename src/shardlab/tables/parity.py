@@ -285,3 +285,4 @@ def sensitivity_rows(losses: pd.DataFrame, experiments: dict[str, dict]) -> pd.D
                          "expected": case["expected"], "outcome": outcome,
                          "as_expected": case["expected"] in (outcome, "either") and outcome != "undecided"})
     return pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
+

@@ -66,7 +66,7 @@ def scenario_tables(s: Scenario, result: SearchResult, alternatives: dict[str, S
     band, basis = comparison.error_band(s.stack, s.cluster.device["generation"])
     summary = dict(base, description=s.description, parameters_b=s.model.parameters() / 1e9,
                    active_parameters_b=s.model.active_parameters() / 1e9, hardware=s.cluster.accelerator,
-                   stack=s.stack, error_band_pct=band, error_band_basis=basis,
+                   stack=s.stack, published_row=s.published, error_band_pct=band, error_band_basis=basis,
                    implausible=best.flag if best else "",
                    gpus=s.cluster.gpus, global_batch=s.workload.global_batch, seq_len=s.workload.seq_len,
                    candidates=result.candidates, fitting=result.fitting, search_s=result.seconds,

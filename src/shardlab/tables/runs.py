@@ -12,7 +12,7 @@
   experiment) against the rounding tolerance of `tables.parity` (a bound, or its measured noise floor)
 - parity_rule: the rule's constants (one row), for the report
 - parity_sensitivity (when the study has `parity_sensitivity`): the same rule against errors injected
-  on purpose, per dtype (`bench.parity_sensitivity`)
+  on purpose, per dtype (`bench.parity_sensitivity`); parity_caught: how many it caught, and the smallest
 - environments: the distinct software/hardware environments the finished runs ran in
 - launch_cost: where a launch's time goes, per phase (`startup` in each summary: agent start, rendezvous
   and spawn, the ranks' imports, process group, model load, strategy set-up, data and resume, training,
@@ -164,6 +164,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     tables["parity_rule"] = rule_rows()
     if "parity_sensitivity_losses" in inputs.tables:  # the rule against injected errors (bench.parity_sensitivity)
         tables["parity_sensitivity"] = sensitivity_rows(inputs.tables["parity_sensitivity_losses"], inputs.experiments)
+        tables["parity_caught"] = caught_per_dtype(tables["parity_sensitivity"])
     tables["environments"] = environments(tables["runs"])
     tables["launch_cost"] = launch_cost(tables["runs"])
     tables["experiments"] = experiments(tables["runs"])
@@ -173,3 +174,18 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     ok = int((tables["runs"]["status"] == "ok").sum()) if len(runs) else 0
     print(f"aggregated {len(runs)} runs ({ok} ok, {len(runs) - ok} failed/oom)")
     return tables
+
+
+def caught_per_dtype(sensitivity: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype, of the errors injected on purpose (parity_sensitivity): how many the check caught, of how many,
+    and the smallest relative change of the mean gradient among those caught (NaN where none of known size was)."""
+    ok = sensitivity[(sensitivity["status"] == "ok") & (sensitivity["injected"] != "none")]
+    rows = []
+    for dtype, g in ok.groupby("dtype", sort=False):
+        caught = g[g["outcome"] == "fail"]
+        sized = caught.dropna(subset=["gradient_error"])
+        smallest = sized.loc[sized["gradient_error"].idxmin()] if len(sized) else None
+        rows.append({"dtype": dtype, "caught": len(caught), "injected": len(g),
+                     "smallest_gradient_error": smallest["gradient_error"] if smallest is not None else float("nan"),
+                     "smallest_case": smallest["case"] if smallest is not None else ""})
+    return pd.DataFrame(rows, columns=["dtype", "caught", "injected", "smallest_gradient_error", "smallest_case"])

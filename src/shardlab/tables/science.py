@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from shardlab.science.domains import metric_title
 from shardlab.science.evaluate import BASE_MODEL
 from shardlab.science.evaluate import COLUMNS as METRIC_COLUMNS
 from shardlab.science.formats import FORMATS
@@ -115,6 +116,40 @@ def published_rows(finals: pd.DataFrame, references: list[dict]) -> pd.DataFrame
     return pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
 
 
+OUTCOME_COLUMNS = ["domain", "experiment", "test_set", "metric", "metric_title", "better", "runs", "value", "baseline",
+                   "baseline_name", "beats_baseline", "before", "improved", "worse"]
+EVERY, SOME, NONE = "every run", "some runs", "no run"  # how many of an experiment's runs a statement holds for
+
+
+def _in_runs(flags: pd.Series) -> str | None:
+    """'every run', 'some runs' or 'no run' for a boolean per run (None where none was decided)."""
+    decided = flags.dropna().astype(str).str.lower().eq("true")
+    if decided.empty:
+        return None
+    return EVERY if decided.all() else SOME if decided.any() else NONE
+
+
+def outcomes(finals: pd.DataFrame, gains: pd.DataFrame) -> pd.DataFrame:
+    """One row per metric of a science experiment, each verdict over its runs computed once: whether the fine-tuned
+    models beat the trivial baseline beyond noise, and whether fine-tuning improved (or worsened) the metric
+    against the base model on the same rows. The report's counts of metrics are counts of these rows."""
+    keys = ["domain", "experiment", "test_set", "metric"]
+    rows = []
+    for key, g in finals.groupby(keys, sort=True):
+        row = dict(zip(keys, key), metric_title=metric_title(key[3], key[2]), better=g["better"].iloc[0],
+                   runs=len(g), value=g["value"].median(), baseline=g["baseline"].median(),
+                   baseline_name=g["baseline_name"].iloc[0],
+                   beats_baseline=_in_runs(g["beats_baseline"]) if g["baseline"].notna().any() else None)
+        paired = gains[(gains[keys] == pd.Series(dict(zip(keys, key)))).all(axis=1)] if len(gains) else gains
+        if len(paired):
+            higher = paired["better"].iloc[0] == "higher"  # worse: the whole interval of after − before on the bad side
+            bad = paired["difference_high"] < 0 if higher else paired["difference_low"] > 0
+            row.update(before=paired["baseline"].median(), improved=_in_runs(paired["beats_baseline"]),
+                       worse=_in_runs(bad))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=OUTCOME_COLUMNS)
+
+
 def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     runs, curves, metrics = [], [], []
     for name, exp in inputs.experiments.items():
@@ -128,6 +163,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     metrics = [m for m in metrics if len(m)]
     every = (pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(columns=METRIC_COLUMNS)).reindex(
         columns=METRIC_COLUMNS)
+    every["metric_title"] = [metric_title(m, t) for m, t in zip(every["metric"], every["test_set"])]
     final = every["final"].astype(str).str.lower().eq("true")
     gains = every["compared_with"].eq(BASE_MODEL)
     tokenizers = [table.assign(model=name.removeprefix(TABLE_PREFIX)) for name, table in inputs.tables.items()
@@ -140,6 +176,7 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
             "science_curves": pd.DataFrame(curves, columns=CURVE_COLUMNS),
             "science_metrics": every[final & ~gains].reset_index(drop=True),
             "science_fine_tuning": every[gains].reset_index(drop=True),
+            "science_outcomes": outcomes(every[final & ~gains & every["value"].notna()], every[gains]),
             "science_published": published_rows(every[final & ~gains & every["value"].notna()],
                                                 yaml.safe_load(PUBLISHED.read_text())),
             "science_domain_curves": every[every["value"].notna() & ~gains].sort_values(

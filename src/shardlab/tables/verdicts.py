@@ -33,7 +33,11 @@ from shardlab.tables import TableInputs
 from shardlab.tables.runs import compute_units, unequal_compute
 
 TOPIC = "verdicts"
-COLUMNS = ["claim", "statement", "experiment", "measure", "ratio", "ratio_low", "ratio_high", "verdict", "evidence"]
+COLUMNS = ["claim", "statement", "experiment", "measure", "ratio", "ratio_low", "ratio_high", "verdict", "evidence",
+           "basis"]
+# What a verdict rests on: bytes held (carry over to any device), throughput timed side by side in rounds of one
+# launch, or throughput of separate runs widened by the run-to-run noise (weakest: background load hits one side).
+BYTES, PAIRED_ROUNDS, SEPARATE_RUNS = "bytes held", "paired rounds", "separate runs"
 NOISE_COLUMNS = ["experiment", "strategy", "versus", "repeats", "ratio_min", "ratio_max", "sigma", "pooled_sigma",
                  "pooled_factor", "cpu_model", "cpu_cores", "date"]
 CHOICE_COLUMNS = ["experiment", "goal", "choice", "versus", "ratio", "ratio_low", "ratio_high", "decided", "evidence"]
@@ -62,8 +66,8 @@ def decide_ratio(low: float, high: float) -> str:
     return SUPPORTED if low > 1 else CONTRADICTED if high < 1 else UNDECIDED
 
 
-def _row(claim, statement, experiment, measure, value, verdict, evidence, low=None, high=None) -> dict:
-    return dict(zip(COLUMNS, (claim, statement, experiment, measure, value, low, high, verdict, evidence)))
+def _row(claim, statement, experiment, measure, value, verdict, evidence, low=None, high=None, basis=BYTES) -> dict:
+    return dict(zip(COLUMNS, (claim, statement, experiment, measure, value, low, high, verdict, evidence, basis)))
 
 
 def noisy_ratio(fast_times, slow_times, sigma: float) -> tuple[float, float, float, str]:
@@ -116,10 +120,11 @@ def speed_rows(steps: pd.DataFrame, sigma: float = 0.0, rounds: pd.DataFrame | N
             verdict = decide_ratio(low, high)
             if verdict == UNDECIDED:  # say which way the point estimate goes, not only that it cannot decide
                 evidence += f"; the point estimate goes {'with' if ratio > 1 else 'against'} the claim"
-            rows.append(_row(claim, statement, exp, f"tokens/s {fast} / {slow}", ratio, verdict, evidence, low, high))
+            rows.append(_row(claim, statement, exp, f"tokens/s {fast} / {slow}", ratio, verdict, evidence, low, high,
+                             PAIRED_ROUNDS if len(paired) > 1 else SEPARATE_RUNS))
         if not experiments:
             rows.append(_row(claim, statement, None, f"tokens/s {fast} / {slow}", None, UNDECIDED,
-                             f"no experiment ran both {fast} and {slow} to the end"))
+                             f"no experiment ran both {fast} and {slow} to the end", basis=SEPARATE_RUNS))
     return rows
 
 
@@ -134,13 +139,15 @@ def growth_row(speed: list[dict], runs: pd.DataFrame) -> dict:
                    key=lambda pair: pair[0])
     if len({s for s, _ in sized}) < 2:
         return _row("1c", statement, None, "ratio 1a vs model size", None, UNDECIDED,
-                    "needs the 1a comparison on at least two model sizes (the multi-GPU pod study runs Pythia-160m and 1B)")
+                    "needs the 1a comparison on at least two model sizes (the multi-GPU pod study runs Pythia-160m and 1B)",
+                    basis=SEPARATE_RUNS)
     (small, a), (large, b) = sized[0], sized[-1]
     verdict = SUPPORTED if b["ratio_low"] > a["ratio_high"] else CONTRADICTED if b["ratio_high"] < a["ratio_low"] else UNDECIDED
     evidence = (f"{a['ratio']:.2f} ({a['ratio_low']:.2f}-{a['ratio_high']:.2f}) at {small:,.0f} parameters, "
                 f"{b['ratio']:.2f} ({b['ratio_low']:.2f}-{b['ratio_high']:.2f}) at {large:,.0f}")
+    weakest = PAIRED_ROUNDS if a["basis"] == b["basis"] == PAIRED_ROUNDS else SEPARATE_RUNS
     return _row("1c", statement, f"{a['experiment']}, {b['experiment']}", "ratio 1a, largest / smallest model",
-                b["ratio"] / a["ratio"], verdict, evidence)
+                b["ratio"] / a["ratio"], verdict, evidence, basis=weakest)
 
 
 def zero_memory_rows(zero: pd.DataFrame | None) -> list[dict]:
