@@ -85,15 +85,16 @@ def test_the_science_weights_caption_names_identical_weights_failed_parity_and_m
 
 
 def test_the_published_caption_counts_metrics_with_a_reference():
-    table = pd.DataFrame({"domain": "chemistry", "metric": ["logs_mae", "validity", "condition_tracking_spearman"],
+    table = pd.DataFrame({"domain": "chemistry", "metric_title": ["solubility error", "valid molecules", "tracking"],
                           "test_set": ["test", "sampled", "sampled"], "value": [1.9, 0.75, -0.1],
                           "better": ["lower", "higher", "higher"], "published": [0.76, 0.97, None]})
     assert science_captions.science_published(table).startswith(
-        "2 of 3 metrics beside a published figure from a real domain model; none was found for "
-        "condition_tracking_spearman. Farthest from the field: chemistry logs_mae (test), 1.9 against 0.76 (2.5 times "
-        "worse); nearest: chemistry validity (sampled), 0.75 against 0.97 (1.3 times worse)")
+        "2 of 3 metrics beside a published figure from a real domain model; none was found for tracking. Farthest "
+        "from the field: chemistry, solubility error, 1.9 against 0.76 (2.5 times worse); nearest: chemistry, valid "
+        "molecules, 0.75 against 0.97 (1.3 times worse)")
     table.loc[0, "value"] = 0.5  # ahead of the field
-    assert "nearest: chemistry logs_mae (test), 0.5 against 0.76 (0.7 times worse)" in science_captions.science_published(table)
+    assert "nearest: chemistry, solubility error, 0.5 against 0.76 (0.7 times worse)" in \
+        science_captions.science_published(table)
 
 
 def test_the_offload_caption_says_which_rung_keeps_states_on_the_host():

@@ -160,7 +160,7 @@ def test_the_report_reads_right_in_a_browser(reduced_study):
     assert facts["toc_links"] >= 5
     assert facts["chart_faults"] == [], facts["chart_faults"]  # bars, facets and labels a reader can see
     assert facts["unnumbered_charts"] == 0  # every chart a numbered figure with a caption
-    assert facts["prose_identifiers"] == []  # names set as code, never loose in the prose
+    assert facts["prose_identifiers"] == []  # the prose above the appendix names things as a reader does
     assert facts["main_screens"] <= browser.SCREEN_BUDGET, facts["main_screens"]  # the rest is in the appendix
 
 
@@ -169,12 +169,14 @@ def test_the_browser_check_can_fail(tmp_path):
     page = tmp_path / "bad.html"
     page.write_text('<html><body><script src="https://cdn.invalid/lib.js"></script><div id="chart-x"></div>'
                     '<table><tr><td>nan</td></tr></table><script>console.error("boom")</script>'
-                    "<p>| a | b |</p><p>|---|---|</p><p>faster than dp_naive, as <code>ddp_twin</code></p>"
+                    "<p>| a | b |</p><p>|---|---|</p><p>faster than dp_naive, as <code>ddp_twin</code>, see costs/plan.py</p>"
+                    "<details><summary>How</summary><p>folded: hidden_name</p></details><pre>code_block_name</pre>"
                     f'<div style="height:{browser.SCREEN_BUDGET + 1}00vh"></div><h2>Appendix</h2>'
                     '<div style="height:300vh"></div></body></html>')
     facts = browser.inspect(page, timeout_s=5)  # the chart never draws: waits this long
     assert facts["charts"] == 1 and facts["drawn"] == 0 and facts["unnumbered_charts"] == 1
-    assert facts["prose_identifiers"] == ["dp_naive"]  # the name in code is not prose
+    # a name set as code is still a name in the prose; folded notes and code blocks are not read
+    assert facts["prose_identifiers"] == ["dp_naive", "ddp_twin", "plan.py"]
     assert browser.SCREEN_BUDGET < facts["main_screens"] < facts["screens"] - 2  # the appendix is not counted
     assert any(u.startswith("https://cdn.invalid") for u in facts["requests"])
     assert any("boom" in e for e in facts["errors"])
@@ -221,6 +223,57 @@ def test_the_chart_checks_can_fail(tmp_path):
     assert any(f.startswith("shortened: text shortened") for f in faults), faults
     assert any(f.startswith('one colour twice: legend entries "a" and "c" share colour') for f in faults), faults
     assert not [f for f in faults if f.startswith(("sound", "tight boxes", "shapes"))], faults
+
+
+@pytest.mark.skipif(browser.CHROMIUM is None, reason="no chromium on PATH")
+def test_the_claim_checks_fail_a_chart_that_does_not_show_its_caption(tmp_path):
+    """Each rule between what a chart says and what it draws flags a page built to break it, and passes the
+    sound twin: a diagonal named but not drawn; a "vs m" chart with one m; an axis "after − before" whose rows
+    are before − after (or that declares nothing); predicted and measured drawn alike; a legend without symbols."""
+    import altair as alt
+
+    from shardlab.reporting import charts
+
+    charts._bundle_sent = False
+    points = pd.DataFrame({"measured": [1.0, 2.0, 3.0], "predicted": [1.1, 1.9, 3.2]})
+    diagonal = alt.Chart(pd.DataFrame({"v": [1.0, 3.0]})).mark_line().encode(x="v:Q", y="v:Q")
+    scatter = alt.Chart(points).mark_point().encode(x="measured:Q", y="predicted:Q")
+    sweep = pd.DataFrame({"m": [4, 4, 4], "idle": [0.2, 0.3, 0.25], "run": ["a", "b", "c"]})
+    taught = pd.DataFrame({"value": [0.4, 1.9], "baseline": [0.3, 4.0], "better": ["higher", "lower"]})
+    right = taught.assign(gain=[0.1, 2.1])  # after − before, before − after where lower is better
+    declared = {"difference": {"field": "gain", "after": "value", "before": "baseline",
+                               "flip": {"field": "better", "value": "lower"}}}
+    axis = alt.X("gain:Q", title="improvement: after − before")
+    series = pd.DataFrame({"step": [1, 2, 1, 2], "bytes": [1.0, 2.0, 1.1, 2.1], "kind": ["predicted"] * 2 + ["measured"] * 2})
+    specs = [
+        scatter.properties(title="Predicted against measured: the diagonal is a perfect prediction"),
+        (scatter + diagonal).properties(title="Sound: predicted against measured, the diagonal drawn"),
+        alt.Chart(sweep).mark_line(point=True).encode(x="m:O", y="idle:Q").properties(title="Idle share vs m"),
+        alt.Chart(sweep.assign(m=[2, 4, 8])).mark_line(point=True).encode(x="m:O", y="idle:Q").properties(
+            title="Sound: idle share vs m"),
+        alt.Chart(taught.assign(gain=[0.1, -2.1])).mark_point().encode(x=axis).properties(
+            title="Reversed", usermeta=declared),
+        alt.Chart(right).mark_point().encode(x=axis).properties(title="Undeclared"),
+        alt.Chart(right).mark_point().encode(x=axis).properties(title="Sound: declared", usermeta=declared),
+        alt.Chart(series).mark_line(point=True).encode(x="step:O", y="bytes:Q", color=alt.Color(
+            "kind:N", scale=alt.Scale(range=["#1f77b4", "#1f77b4"]))).properties(title="Alike"),
+        alt.Chart(series).mark_line(point=True).encode(x="step:O", y="bytes:Q", color="kind:N", strokeDash="kind:N",
+                                                       shape="kind:N").properties(title="Sound: predicted dashed"),
+        alt.Chart(series).mark_line().encode(x="step:O", y="bytes:Q", color=alt.Color(
+            "kind:N", legend=alt.Legend(symbolOpacity=0))).properties(title="Blank legend"),
+    ]
+    page = tmp_path / "claims.html"
+    page.write_text("<html><body>" + "".join(charts._offline_html(s.to_dict())["text/html"] for s in specs)
+                    + "</body></html>")
+    faults = browser.inspect(page)["chart_faults"]
+    for start in ("Predicted against measured: the diagonal is a perfect prediction: the caption names a diagonal",
+                  'Idle share vs m: a chart "vs" m with 1 value(s)',
+                  'Reversed: axis "improvement: after − before" plots 1 value(s) of another sign',
+                  'Undeclared: axis "improvement: after − before" declares no difference',
+                  'Alike: legend entries "predicted" and "measured" are drawn alike',
+                  'Blank legend: legend entry "measured" has no symbol'):
+        assert any(f.startswith(start) for f in faults), (start, faults)
+    assert not [f for f in faults if f.startswith("Sound")], faults
 
 
 @pytest.mark.torchrun

@@ -36,20 +36,24 @@ PAGE_FACTS = """(() => {
     tracebacks: (text.match(/Traceback \\(most recent call last\\)/g) || []).length,
     stderr_outputs: document.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
     toc_links: document.querySelectorAll('#TOC a').length,
-    chart_faults: charts.flatMap(chartFaults),
+    chart_faults: charts.flatMap(chartFaults).concat(charts.flatMap(claimFaults)),
     unnumbered_charts: charts.filter(c => !/^Figure A?\\d+\\. \\S/.test(
       (c.closest('figure') || {querySelector: () => null}).querySelector('figcaption')?.textContent || '')).length,
     screens: document.documentElement.scrollHeight / window.innerHeight,
     // the main body: everything above the appendix (the whole page if there is none)
     main_screens: ([...document.querySelectorAll('h2')].find(h => h.textContent.startsWith('Appendix'))
       ?.getBoundingClientRect().top + window.scrollY || document.documentElement.scrollHeight) / window.innerHeight,
-    // code identifiers in the prose a reader reads (code elements and tables aside)
-    prose_identifiers: [...new Set([...document.querySelectorAll('p, li, figcaption, summary, h1, h2, h3, h4')]
-      .flatMap(el => {
-        const prose = el.cloneNode(true);
-        prose.querySelectorAll('code, pre, table').forEach(c => c.remove());
-        return prose.textContent.match(/\\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\\b/g) || [];
-      }))],
+    // names from the code (snake_case, set as code or not) and file paths in the prose a reader sees above the
+    // appendix: folded notes, code blocks and tables aside
+    prose_identifiers: (() => {
+      const appendix = [...document.querySelectorAll('h2')].find(h => h.textContent.startsWith('Appendix'));
+      const end = appendix ? appendix.getBoundingClientRect().top + window.scrollY : Infinity;
+      return [...new Set([...document.querySelectorAll('p, li, figcaption, summary, h1, h2, h3, h4')]
+        .filter(el => el.getClientRects().length && el.getBoundingClientRect().top + window.scrollY < end)
+        .filter(el => el.closest('summary') || !el.closest('details:not([open])'))  // a folded note is not read
+        .filter(el => !el.closest('table, pre'))
+        .flatMap(el => el.textContent.match(/\\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\\b|\\b(?:src|config|scripts|reports|results|workflow)\\/[\\w.\\/-]+|\\b[\\w-]+\\.(?:py|yaml|qmd|csv)\\b/g) || []))];
+    })(),
   };
 })()"""
 
@@ -99,6 +103,75 @@ CHART_FAULTS = """function chartFaults(div) {
       if (c in first) faults.push(`${name}: legend entries "${first[c]}" and "${labels[i]}" share colour ${c}`);
       else first[c] = labels[i];
     });
+  }
+  return faults;
+}"""
+
+
+# What a chart's caption, title and axes claim, checked against what it draws (its Vega-Lite spec, stored on
+# its div by the report's renderer, and its SVG legends):
+# - a caption or title that names a diagonal: a line whose x and y encode the same field;
+# - a title "... vs X": at least 3 values of the x field (two points are a comparison, not a trend);
+# - an axis titled "a − b": the chart declares the difference (usermeta.difference: field, after, before, and
+#   `flip` {field, value} for the rows plotted as before − after), and every row's value is that difference;
+# - a legend with predicted (model, theory) and measured entries draws them with different symbols;
+# - every legend entry has a symbol a reader can see.
+CLAIM_FAULTS = r"""function claimFaults(div) {
+  const spec = div.vegaLite, svg = div.querySelector('svg');
+  if (!spec || !svg) return [];
+  const faults = [], title = [spec.title].flat().map(t => (t && t.text) || t || '').join(' ');
+  const name = title || div.id;
+  const caption = (div.closest('figure')?.querySelector('figcaption')?.textContent || '') + ' ' + title;
+  const units = [];  // every unit spec with the encoding and the rows it inherits
+  const rowsOf = d => d ? (d.values || (spec.datasets || {})[d.name] || []) : [];
+  (function walk(s, inherited, data) {
+    if (!s || typeof s !== 'object') return;
+    const encoding = Object.assign({}, inherited, s.encoding || {}), rows = s.data ? rowsOf(s.data) : data;
+    if (s.mark) units.push({mark: s.mark.type || s.mark, encoding, rows});
+    for (const child of [...(s.layer || []), ...(s.hconcat || []), ...(s.vconcat || []), ...(s.concat || [])])
+      walk(child, encoding, rows);
+    if (s.spec) walk(s.spec, encoding, rows);
+  })(spec, {}, []);
+  const rows = Object.values(spec.datasets || {}).flat().concat(spec.data?.values || []);
+  const field = e => e && e.field;
+  // a diagonal: a line through points whose x and y are equal
+  const diagonal = u => ['line', 'rule'].includes(u.mark) && field(u.encoding.x) && field(u.encoding.y) &&
+    u.rows.length >= 2 && u.rows.every(r => r[field(u.encoding.x)] === r[field(u.encoding.y)]);
+  if (/diagonal/i.test(caption) && !units.some(diagonal))
+    faults.push(`${name}: the caption names a diagonal the chart does not draw`);
+  // a trend "vs X": an ordered or quantitative x axis needs three values of X
+  const trend = units.find(u => ['quantitative', 'ordinal', 'temporal'].includes(u.encoding.x?.type));
+  if (/\bvs\.?\s/.test(title) && trend) {
+    const x = field(trend.encoding.x);
+    const values = new Set(trend.rows.filter(r => x in r).map(r => JSON.stringify(r[x])));
+    if (x && values.size < 3) faults.push(`${name}: a chart "vs" ${x} with ${values.size} value(s) of it`);
+  }
+  const axes = units.flatMap(u => ['x', 'y'].map(c => u.encoding[c]).filter(e => e && /\S \u2212 \S/.test(e.title || '')));
+  for (const axis of axes) {
+    const d = spec.usermeta?.difference;
+    if (!d) { faults.push(`${name}: axis "${axis.title}" declares no difference it plots`); continue; }
+    const wrong = rows.filter(r => d.field in r).filter(r => {
+      const sign = d.flip && r[d.flip.field] === d.flip.value ? -1 : 1, want = sign * (r[d.after] - r[d.before]);
+      return Math.abs(r[d.field] - want) > 1e-9 * Math.max(1, Math.abs(want));
+    });
+    if (wrong.length) faults.push(`${name}: axis "${axis.title}" plots ${wrong.length} value(s) of another sign or size`);
+  }
+  for (const legend of svg.querySelectorAll('g.role-legend')) {
+    const entries = [...legend.querySelectorAll('g.role-legend-symbol path')].map((p, i) => ({p,
+      label: legend.querySelectorAll('g.role-legend-label text')[i]?.textContent || ''}));
+    const none = v => !v || v === 'none' || v === 'transparent';
+    for (const e of entries) {
+      const b = e.p.getBoundingClientRect(), a = n => e.p.getAttribute(n);
+      if ((b.width < 1 && b.height < 1) || (none(a('fill')) && none(a('stroke'))) || a('opacity') === '0' ||
+          (a('fill-opacity') === '0' && (none(a('stroke')) || a('stroke-opacity') === '0')))
+        faults.push(`${name}: legend entry "${e.label}" has no symbol`);
+    }
+    const look = e => [e.p.getAttribute('d'), e.p.getAttribute('fill'), e.p.getAttribute('stroke'),
+                       e.p.getAttribute('stroke-dasharray'), e.p.getAttribute('opacity')].join('|');
+    const predicted = entries.filter(e => /predict|model|theory|\u03b1-\u03b2/i.test(e.label));
+    const measured = entries.filter(e => /measur/i.test(e.label));
+    for (const p of predicted) for (const m of measured)
+      if (look(p) === look(m)) faults.push(`${name}: legend entries "${p.label}" and "${m.label}" are drawn alike`);
   }
   return faults;
 }"""
@@ -177,7 +250,7 @@ async def _inspect(port: int, url: str, timeout_s: float) -> dict:
     await asyncio.wait_for(loaded.wait(), timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:  # charts draw asynchronously after the load event
-        expression = PAGE_FACTS.replace("CHART_FAULTS_FUNCTION", CHART_FAULTS)
+        expression = PAGE_FACTS.replace("CHART_FAULTS_FUNCTION", CHART_FAULTS + CLAIM_FAULTS)
         facts = (await call("Runtime.evaluate", expression=expression, returnByValue=True))["result"]["value"]
         if facts["drawn"] == facts["charts"] or time.monotonic() > deadline:
             break

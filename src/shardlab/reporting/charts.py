@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FIGURES = Path("figures")
-IDENTIFIER = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+# A name from the code: snake_case (a run, an experiment, a column), or a strategy named in one word.
+CODE_NAME = re.compile(r"\b(?:ddp|zero[0-3]|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b")
 MIB = 1024**2
 _bundle_sent = False
 
@@ -38,6 +39,7 @@ def _offline_html(spec: dict, **_metadata) -> dict:
         _bundle_sent = True
     page += (f'<div id="{div}"></div>\n<script type="text/javascript">(function () {{'
              f' vegaEmbed("#{div}", {json.dumps(spec)}, {{"mode": "vega-lite", "actions": false, "renderer": "svg"}})'
+             f'.then(r => {{ document.getElementById("{div}").vegaLite = r.spec; }})'  # for the browser test's checks
              f'.catch(console.error); }})();</script>')
     return {"text/html": page}
 
@@ -134,8 +136,7 @@ class Figure:
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = self.chart._repr_mimebundle_(include, exclude)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
-        # Names of runs, experiments and metrics (snake_case) read as names: set as code.
-        caption = IDENTIFIER.sub(r"<code>\g<0></code>", html.escape(str(self.caption)))
+        caption = readable(html.escape(str(self.caption)))
         return {"text/html": f'<figure class="shardlab-figure" id="figure-{self.label.lower()}">{data["text/html"]}'
                              f"<figcaption><b>Figure {self.label}.</b> {caption}</figcaption></figure>"}
 
@@ -177,7 +178,7 @@ _pointers_deferred = [False]  # True once setup() has hooked the end of each cel
 
 def _point_to(name: str, anchor: str, what: str) -> None:
     """Note something set aside in the appendix; a cell's notes become one line of text (_show_pointers)."""
-    what = IDENTIFIER.sub(r"<code>\g<0></code>", html.escape(what))
+    what = readable(html.escape(what))
     _pointers.append(f'<a href="#{anchor}">{name}</a>: {what}')
     if not _pointers_deferred[0]:  # outside a notebook (a script, a test): at once
         _show_pointers()
@@ -243,18 +244,25 @@ def show_method(text: str, summary: str = "How this is measured") -> None:
     from markdown_it import MarkdownIt  # jupytext's markdown parser
 
     display(HTML(f'<details class="shardlab-method"><summary>{html.escape(summary)}</summary>'
-                 f"{MarkdownIt().render(names_as_code(text))}</details>"))
+                 f"{MarkdownIt().render(readable(text))}</details>"))
 
 
-def names_as_code(text: str) -> str:
-    """Markdown with every snake_case name (a run, an experiment, a metric) outside code spans set as
-    code, so that prose reads as prose and names as names."""
-    parts = re.split(r"(`+[^`]*`+)", str(text))  # odd parts are code spans already
-    return "".join(part if i % 2 else IDENTIFIER.sub(r"`\g<0>`", part) for i, part in enumerate(parts))
+def readable(text: str) -> str:
+    """Text with the code's names as a reader reads them: a strategy by its registry title (ddp: DDP, tp_sp:
+    TP + SP, a composed plan by its degrees), any other snake_case name (an experiment, a column) in words.
+    Code spans (backticks) stay as their author set them."""
+    from shardlab.strategies import REGISTRY
+
+    def name(match: re.Match) -> str:
+        word = match.group(0)
+        return REGISTRY[word].title if word in REGISTRY else word.replace("_", " ")
+
+    parts = re.split(r"(`+[^`]*`+)", str(text))  # odd parts are code spans
+    return "".join(part if i % 2 else CODE_NAME.sub(name, part) for i, part in enumerate(parts))
 
 
 def prose(text: str):
-    """The report's computed markdown (IPython's Markdown after names_as_code)."""
+    """The report's computed markdown, in a reader's words (`readable`)."""
     from IPython.display import Markdown
 
-    return Markdown(names_as_code(text))
+    return Markdown(readable(text))

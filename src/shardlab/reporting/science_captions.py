@@ -98,13 +98,13 @@ def science_published(table: pd.DataFrame) -> str:
     found = table[table["published"].notna()]
     missing = table[table["published"].isna()]
     text = (f"{len(found)} of {len(table)} metrics beside a published figure from a real domain model"
-            + (f"; none was found for {listed(list(missing['metric']))}" if len(missing) else ""))
+            + (f"; none was found for {listed(list(missing['metric_title']))}" if len(missing) else ""))
     # How many times worse than the field (1: level with it; below 1: ahead of it), where a direction is known.
     judged = found[found["better"].isin(["higher", "lower"])]
     if len(judged):
         behind = judged["value"].where(judged["better"] == "lower", judged["published"]) / \
             judged["published"].where(judged["better"] == "lower", judged["value"])
-        label = judged["domain"] + " " + judged["metric"] + " (" + judged["test_set"] + ")"
+        label = judged["domain"] + ", " + judged["metric_title"]
         far, near = behind.idxmax(), behind.idxmin()
         text += (f". Farthest from the field: {label[far]}, {judged['value'][far]:.3g} against {judged['published'][far]:.3g}"
                  f" ({behind[far]:.1f} times worse); nearest: {label[near]}, {judged['value'][near]:.3g} against "

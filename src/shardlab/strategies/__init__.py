@@ -11,6 +11,7 @@ registry; none keeps its own list of strategy names. Adding a strategy is one en
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from shardlab.strategies import (composed, context_parallel, data_parallel, expert_parallel, pipeline_parallel,
                                  tensor_parallel, zero)
@@ -54,7 +55,7 @@ class Registry(dict):
 
     def __missing__(self, name: str) -> StrategySpec:
         if isinstance(name, str) and name.startswith(composed.VARIANT_PREFIX):
-            return composed.variant(name)
+            return replace(composed.variant(name), title=title(name))
         raise KeyError(name)
 
     def __contains__(self, name) -> bool:
@@ -64,8 +65,32 @@ class Registry(dict):
         return self[name] if name in self else default
 
 
+# What the report's prose calls each strategy (tables and code keep the names).
+TITLES = {
+    "single": "one device", "single_reordered": "one device, sums reordered", "dp_naive": "naive DP",
+    "dp_interleaved": "interleaved DP", "ddp": "DDP", "zero0": "ZeRO-0", "zero1": "ZeRO-1", "zero2": "ZeRO-2",
+    "zero3": "ZeRO-3", "zero2_offload": "ZeRO-2 with offload", "zero3_offload": "ZeRO-3 with offload",
+    "fsdp2_full": "FSDP2 full sharding", "fsdp2_grad_op": "FSDP2 gradient and optimizer sharding",
+    "deepspeed_single": "DeepSpeed's bf16 on one device", "fsdp2_single": "FSDP2's bf16 on one device",
+    "tp": "TP", "tp_sp": "TP + SP", "tp_dtensor": "TP on DTensor", "tp_sp_dtensor": "TP + SP on DTensor",
+    "pp_gpipe": "GPipe", "pp_1f1b": "1F1B", "pp_interleaved": "interleaved 1F1B", "hybrid_dp_pp": "DP × PP",
+    "cp_ring": "ring attention", "moe_single": "the MoE on one device", "ep_moe": "expert-parallel MoE",
+    "composed": "a composed plan", "composed_moe": "a composed MoE plan",
+}
+
+
+def title(name: str) -> str:
+    """A strategy as the report's prose names it; a composed plan by its degrees ('plan dp2 tp2sp pp2 zero1')."""
+    if name in TITLES:
+        return TITLES[name]
+    if isinstance(name, str) and name.startswith(composed.VARIANT_PREFIX):
+        return "plan " + name.removeprefix(composed.VARIANT_PREFIX).replace("_", " ")
+    return name
+
+
 _FAMILIES = (data_parallel, zero, tensor_parallel, pipeline_parallel, context_parallel, expert_parallel, composed)
-REGISTRY: Registry = Registry({spec.name: spec for spec in [SINGLE, SINGLE_REORDERED, *(s for f in _FAMILIES for s in f.SPECS)]})
+REGISTRY: Registry = Registry({spec.name: replace(spec, title=title(spec.name))
+                               for spec in [SINGLE, SINGLE_REORDERED, *(s for f in _FAMILIES for s in f.SPECS)]})
 TOPICS: tuple[str, ...] = tuple(dict.fromkeys(spec.topic for spec in REGISTRY.values()))
 # Runs that measure rounding noise for the parity rule, not a technique: no ranking or claim counts them.
 NOISE_RUNS: frozenset[str] = frozenset(filter(None, (x for s in REGISTRY.values() for x in (s.reordered, s.bf16_twin))))

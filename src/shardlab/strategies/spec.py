@@ -143,6 +143,7 @@ class StrategySpec:
     family: Family
     topic: str  # its report section, table module and rule file: reports/sections/<topic>.qmd, ...
     summary: str
+    title: str = ""  # the name a reader reads in the report's prose (set by the registry, `strategies.TITLES`)
     plan: PlanFields = replicas
     model: ModelOf | None = None  # None: the experiment's model as it is
     reference: str = "single"  # the run its losses must reproduce (same experiment)

@@ -39,7 +39,7 @@ RUN_COLUMNS = ["experiment", "domain", "strategy", "status", "reason", "world_si
                "time_to_target_s", "weights", "reference"]
 CURVE_COLUMNS = ["experiment", "domain", "strategy", "step", "elapsed_s", "val_loss"]
 PUBLISHED = Path(__file__).parents[1] / "science" / "published.yaml"
-PUBLISHED_COLUMNS = ["domain", "metric", "test_set", "value", "low", "high", "runs", "better", "published", "unit", "model",
+PUBLISHED_COLUMNS = ["domain", "metric", "metric_title", "test_set", "value", "low", "high", "runs", "better", "published", "unit", "model",
                      "source", "url", "differs"]
 TOKENIZER_COLUMNS = ["model", "domain", "tokenizer", "vocab_size", "bodies", "tokens_per_char", "unit_crossing_fraction",
                      "rare_token_fraction", "types_used", "chosen_for_domain", "used_by_base_model", "reason"]
@@ -110,7 +110,8 @@ def published_rows(finals: pd.DataFrame, references: list[dict]) -> pd.DataFrame
                     and r.get("test_set", test_set) == test_set), None)
         if ref is None:
             continue
-        rows.append({"domain": domain, "metric": metric, "test_set": test_set, "value": g["value"].median(),
+        rows.append({"domain": domain, "metric": metric, "metric_title": metric_title(metric, test_set),
+                     "test_set": test_set, "value": g["value"].median(),
                      "low": g["low"].median(), "high": g["high"].median(), "runs": len(g), "better": g["better"].iloc[0],
                      "published": ref["value"], **{k: ref.get(k) for k in ("unit", "model", "source", "url", "differs")}})
     return pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
