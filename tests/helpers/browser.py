@@ -140,13 +140,15 @@ CLAIM_FAULTS = r"""function claimFaults(div) {
   if (/diagonal/i.test(caption) && !units.some(diagonal))
     faults.push(`${name}: the caption names a diagonal the chart does not draw`);
   // a trend "vs X": an ordered or quantitative x axis needs three values of X
-  const trend = units.find(u => ['quantitative', 'ordinal', 'temporal'].includes(u.encoding.x?.type));
-  if (/\bvs\.?\s/.test(title) && trend) {
-    const x = field(trend.encoding.x);
-    const values = new Set(trend.rows.filter(r => x in r).map(r => JSON.stringify(r[x])));
-    if (x && values.size < 3) faults.push(`${name}: a chart "vs" ${x} with ${values.size} value(s) of it`);
-  }
-  const axes = units.flatMap(u => ['x', 'y'].map(c => u.encoding[c]).filter(e => e && /\S \u2212 \S/.test(e.title || '')));
+  // (the layer with the most values of x; one whose field a transform computes cannot be read here)
+  const xs = u => new Set(u.rows.filter(r => field(u.encoding.x) in r).map(r => JSON.stringify(r[field(u.encoding.x)])));
+  const trend = units.filter(u => ['quantitative', 'ordinal', 'temporal'].includes(u.encoding.x?.type) && !diagonal(u))
+    .sort((a, b) => xs(b).size - xs(a).size)[0];
+  if (/\bvs\.?\s/.test(title) && trend && xs(trend).size && xs(trend).size < 3)
+    faults.push(`${name}: a chart "vs" ${field(trend.encoding.x)} with ${xs(trend).size} value(s) of it`);
+  // (a difference inside |...| is a magnitude: it has no sign to check)
+  const axes = units.flatMap(u => ['x', 'y'].map(c => u.encoding[c]).filter(
+    e => e && /\S \u2212 \S/.test(e.title || '') && !/\|[^|]*\u2212[^|]*\|/.test(e.title)));
   for (const axis of axes) {
     const d = spec.usermeta?.difference;
     if (!d) { faults.push(`${name}: axis "${axis.title}" declares no difference it plots`); continue; }
