@@ -15,7 +15,8 @@ def _tables(fsdp_params: float = 0.5 * MIB) -> dict[str, pd.DataFrame]:
     held = {"param_bytes": [MIB, fsdp_params, fsdp_params], "grad_bytes": [MIB, 0.5 * MIB, 0.5 * MIB],
             "optimizer_bytes": [2 * MIB, MIB, MIB], "activation_bytes": [4 * MIB, 2 * MIB, 2.2 * MIB]}
     ranks = pd.DataFrame({"experiment": "zero", "strategy": ["single", "fsdp2_full", "fsdp2_full"], **held})
-    volume = pd.DataFrame({"experiment": "zero", "strategy": "fsdp2_full", "purpose": [
+    volume = pd.DataFrame({"experiment": "zero", "strategy": "fsdp2_full", "collective": ["all_gather", "reduce_scatter"],
+                           "purpose": [
         "parameter all-gather (forward, backward)", "gradient reduce-scatter"], "size_bytes": [MIB, MIB], "count": [2, 1]})
     top = pd.DataFrame({"scenario": ["big", "small"], "rank": [1, 1], "plan_dp": [32, 2], "plan_tp": [8, 1],
                         "plan_pp": [16, 1], "plan_cp": [1, 1], "plan_ep": [1, 1], "plan_zero": [1, 3]})
@@ -33,9 +34,8 @@ def _tables(fsdp_params: float = 0.5 * MIB) -> dict[str, pd.DataFrame]:
 
 def test_a_technique_holds_its_measured_share_and_moves_its_collectives_payload():
     row = techniques(_tables()).set_index("family").loc["zero"]
-    assert row["holds"] == "parameters 0.50 · gradients 0.50 · optimizer 0.50 · activations 0.55"  # the fullest rank
-    assert row["communicates"] == ("parameter all-gather (forward, backward) 2 MiB; gradient reduce-scatter 1 MiB "
-                                   "(3× the weights' bytes)")
+    assert row["holds"] == "0.50 · 0.50 · 0.50 · 0.55"  # parameters, gradients, optimizer, activations: the fullest rank
+    assert row["communicates"] == "3 MiB a step, 3× the weights, by all-gather and reduce-scatter"
     assert row["best_plan_at"] == "405B on 16,384 H100, 6.9B on 2 A100"  # both best plans shard model states
     assert techniques(_tables(fsdp_params=MIB)).set_index("family").loc["zero", "parameters_share"] == 1.0
 

@@ -48,38 +48,25 @@ class FamilyGuide:
 
 GUIDE = {
     Family.DATA_PARALLEL: FamilyGuide(
-        "Data parallelism (replicas)",
-        "bucketed all-reduces overlap the backward pass (DDP); naive waits for all of them after it",
-        "outermost: across nodes, its all-reduce once per step tolerates the slowest links",
-        "the model states fit on one device and more devices should share the batch"),
+        "Data parallelism", "bucketed all-reduces hide behind the backward pass (DDP), naive waits for them",
+        "outermost, across nodes (one all-reduce a step)", "the model states fit on one device"),
     Family.ZERO: FamilyGuide(
-        "ZeRO / FSDP (sharded replicas)",
-        "gathers of the next layer's weights and reduce-scatters of gradients overlap compute when prefetched",
-        "across the data-parallel group, usually across nodes; stage 3 moves 1.5× the bytes of an all-reduce",
-        "the model states (16 bytes a parameter with Adam and bf16 weights) do not fit on one device"),
+        "ZeRO / FSDP", "weight gathers and gradient reduce-scatters hide behind compute when prefetched",
+        "across the data-parallel group, usually across nodes (stage 3: 1.5× an all-reduce's traffic)",
+        "the model states, 16 bytes a parameter with Adam in mixed precision, do not fit on one device"),
     Family.TENSOR_PARALLEL: FamilyGuide(
-        "Tensor + sequence parallelism",
-        "no: every layer waits for its all-reduce (or all-gather and reduce-scatter with sequence parallelism)",
-        "inside a node (NVLink): it communicates activations twice a layer in both passes",
-        "one layer's weights or activations are too large, or the batch per device is too small for data "
-        "parallelism alone"),
+        "Tensor + sequence parallelism", "not hidden: every layer waits for its collectives, forward and backward",
+        "inside a node (NVLink)", "a layer's weights or activations are too large for one device"),
     Family.PIPELINE_PARALLEL: FamilyGuide(
-        "Pipeline parallelism",
-        "point-to-point activations between stages are small; the cost is the bubble, cut by more micro-batches "
-        "or interleaved stages",
-        "across nodes: it sends only one activation per micro-batch between neighbouring stages",
+        "Pipeline parallelism", "its cost is the bubble, cut by more micro-batches or interleaved stages",
+        "across nodes (one activation a micro-batch between neighbours)",
         "the model does not fit in one node's tensor-parallel group"),
     Family.CONTEXT_PARALLEL: FamilyGuide(
-        "Context parallelism (ring attention)",
-        "keys and values pass around the ring while each rank computes attention on the block it holds",
-        "inside a node first; across nodes only for very long sequences",
-        "one sequence's activations do not fit even with tensor and sequence parallelism (long context)"),
+        "Context parallelism (ring attention)", "keys and values pass around the ring while each rank computes",
+        "inside a node first", "one long sequence's activations do not fit, even with sequence parallelism"),
     Family.EXPERT_PARALLEL: FamilyGuide(
-        "Expert parallelism (mixture of experts)",
-        "no in this study: two all-to-alls a layer around the experts (production stacks overlap them with "
-        "the shared parts of the layer)",
-        "inside a node or a rail-aligned group: its all-to-alls cross every rank of the group",
-        "a mixture of experts has more expert weights than a device holds"),
+        "Expert parallelism", "not hidden here: two all-to-alls a layer (production stacks overlap them)",
+        "inside a node or a rail-aligned group", "a mixture of experts has more expert weights than a device holds"),
 }
 
 

@@ -37,22 +37,27 @@ def measured_shares(ranks: pd.DataFrame, experiment: str, strategy: str) -> dict
             if reference[column].max() > 0}
 
 
+COLLECTIVES = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
+               "sendrecv": "send/receive", "all_to_all": "all-to-all"}
+
+
 def communicated(volume: pd.DataFrame, experiment: str, strategy: str, weights_bytes: float) -> tuple[str, float]:
-    """What a run's collectives move a step, largest first, and their total payload per rank in bytes."""
+    """What a run's collectives move a step per rank: the total payload, as a multiple of the weights' bytes, and
+    the collectives that move it, largest first."""
     mine = volume[(volume["experiment"] == experiment) & (volume["strategy"] == strategy)]
     if mine.empty:
         return "nothing", 0.0
-    payload = (mine["size_bytes"] * mine["count"]).groupby(mine["purpose"]).sum().sort_values(ascending=False)
-    parts = [f"{purpose} {bytes_ / MIB:.2g} MiB" for purpose, bytes_ in payload.items()]
+    payload = (mine["size_bytes"] * mine["count"]).groupby(mine["collective"]).sum().sort_values(ascending=False)
     total = float(payload.sum())
-    scale = f" ({total / weights_bytes:.2g}× the weights' bytes)" if weights_bytes else ""
-    return "; ".join(parts) + scale, total
+    scale = f", {total / weights_bytes:.2g}× the weights" if weights_bytes else ""
+    kinds = " and ".join(COLLECTIVES.get(c, c) for c in payload.index)
+    return f"{total / MIB:.2g} MiB a step{scale}, by {kinds}", total
 
 
 def scale_label(scenario: pd.Series) -> str:
-    """'405B on 16,384 H100' from a planning_scenarios row."""
+    """'405B on 16,384 H100' (a mixture of experts: '1T MoE ...') from a planning_scenarios row."""
     size = scenario["parameters_b"]
-    moe = " mixture of experts" if scenario["active_parameters_b"] < 0.9 * size else ""
+    moe = " MoE" if scenario["active_parameters_b"] < 0.9 * size else ""
     size_text = f"{size / 1000:.2g}T" if size >= 1000 else f"{size:.3g}B"
     return f"{size_text}{moe} on {int(scenario['gpus']):,} {str(scenario['hardware']).split('-')[0]}"
 
@@ -84,7 +89,7 @@ def techniques(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         rows.append({"family": family.value, "technique": guide.title, "strategy": run["strategy"],
                      "experiment": run["experiment"], "world_size": int(run["world_size"]),
                      **{f"{name}_share": share for name, share in shares.items()},
-                     "holds": " · ".join(f"{name} {share:.2f}" for name, share in shares.items()),
+                     "holds": " · ".join(f"{share:.2f}" for share in shares.values()),
                      "communicates": moves, "bytes_per_step": total, "overlap": guide.overlap,
                      "placement": guide.placement, "needed_when": guide.needed_when,
                      "best_plan_at": used_at_scale(family.value, tables.get("planning_top"),
