@@ -261,6 +261,8 @@ def test_the_claim_checks_fail_a_chart_that_does_not_show_its_caption(tmp_path):
                                                        shape="kind:N").properties(title="Sound: predicted dashed"),
         alt.Chart(series).mark_line().encode(x="step:O", y="bytes:Q", color=alt.Color(
             "kind:N", legend=alt.Legend(symbolOpacity=0))).properties(title="Blank legend"),
+        alt.Chart(series).mark_point().encode(x="step:O", y="bytes:Q", shape="kind:N", color="step:N",
+                                              fill=alt.value("white")).properties(title="White on white"),
     ]
     page = tmp_path / "claims.html"
     page.write_text("<html><body>" + "".join(charts._offline_html(s.to_dict())["text/html"] for s in specs)
@@ -271,7 +273,8 @@ def test_the_claim_checks_fail_a_chart_that_does_not_show_its_caption(tmp_path):
                   'Reversed: axis "improvement: after − before" plots 1 value(s) of another sign',
                   'Undeclared: axis "improvement: after − before" declares no difference',
                   'Alike: legend entries "predicted" and "measured" are drawn alike',
-                  'Blank legend: legend entry "measured" has no symbol'):
+                  'Blank legend: legend entry "measured" has no symbol',
+                  'White on white: legend entry'):
         assert any(f.startswith(start) for f in faults), (start, faults)
     assert not [f for f in faults if f.startswith("Sound")], faults
 

@@ -161,7 +161,8 @@ CLAIM_FAULTS = r"""function claimFaults(div) {
   for (const legend of svg.querySelectorAll('g.role-legend')) {
     const entries = [...legend.querySelectorAll('g.role-legend-symbol path')].map((p, i) => ({p,
       label: legend.querySelectorAll('g.role-legend-label text')[i]?.textContent || ''}));
-    const none = v => !v || v === 'none' || v === 'transparent';
+    // no paint, or the page's own white: nothing a reader sees
+    const none = v => !v || ['none', 'transparent', 'white', '#fff', '#ffffff', 'rgb(255, 255, 255)'].includes(v.toLowerCase());
     for (const e of entries) {
       const b = e.p.getBoundingClientRect(), a = n => e.p.getAttribute(n);
       if ((b.width < 1 && b.height < 1) || (none(a('fill')) && none(a('stroke'))) || a('opacity') === '0' ||
