@@ -67,3 +67,12 @@ def test_distinct_colours_never_repeat_however_many_categories():
 
     for n in (1, 2, 21, 40):  # 21: the communication chart's calls, past category20
         assert len(set(distinct_colours(n))) == n
+
+
+def test_prose_names_strategies_by_their_titles_and_other_code_names_in_words():
+    from shardlab.reporting import charts
+    from shardlab.tables.mechanisms import strategies
+
+    charts.use_titles(strategies(["composed_dp2_tp2_pp2_zero1"]))
+    assert charts.readable("ddp beats dp_naive in data_parallel; composed_dp2_tp2_pp2_zero1, zero3 and `tp_sp`") == (
+        "DDP beats naive DP in data parallel; plan dp2 tp2 pp2 zero1, ZeRO-3 and `tp_sp`")  # a code span stays code

@@ -112,7 +112,7 @@ def test_dag_end_to_end_on_reduced_config(reduced_study):
     html = (results / "report" / "report.html").read_text()
     assert html.count("vegaEmbed(\"#chart-") >= 5  # every chart embedded...
     assert html.count("window.vegaEmbed=") == 1  # ...with the Vega bundle inlined once (offline)
-    assert 'id="TOC"' in html and 'href="#Which-strategy-when"' in html  # a table of contents, either renderer
+    assert 'id="TOC"' in html and 'href="#Choosing-a-parallelism"' in html  # a table of contents, either renderer
     assert 'id="Abstract"' in html and "training runs of" in html  # the computed abstract opens the report
     verdicts = pd.read_csv(results / "tables" / "verdicts.csv")
     assert set(verdicts["verdict"]) <= {"supported", "contradicted", "not decidable"} and len(verdicts) >= 7

@@ -52,9 +52,17 @@ def _theme() -> alt.theme.ThemeConfig:
                                              "axis": {"labelLimit": 360}, "legend": {"labelLimit": 360}}})
 
 
-def setup() -> None:
+def use_titles(strategies: pd.DataFrame) -> None:
+    """Prose names each strategy by its title in the strategies table (the registry's)."""
+    if "title" in strategies:
+        _titles.update(zip(strategies["strategy"], strategies["title"]))
+
+
+def setup(strategies: pd.DataFrame | None = None) -> None:
     """Render charts offline (Vega inlined once), with a palette for 20 categories, and drop
-    Altair's 5,000-row limit."""
+    Altair's 5,000-row limit; prose names strategies by the titles of the strategies table."""
+    if strategies is not None:
+        use_titles(strategies)
     alt.renderers.register("shardlab_offline", _offline_html)
     alt.renderers.enable("shardlab_offline")
     alt.theme.register("shardlab", enable=True)(_theme)
@@ -247,15 +255,16 @@ def show_method(text: str, summary: str = "How this is measured") -> None:
                  f"{MarkdownIt().render(readable(text))}</details>"))
 
 
+_titles: dict[str, str] = {}  # strategy -> the registry's title, from the strategies table (setup)
+
+
 def readable(text: str) -> str:
     """Text with the code's names as a reader reads them: a strategy by its registry title (ddp: DDP, tp_sp:
     TP + SP, a composed plan by its degrees), any other snake_case name (an experiment, a column) in words.
     Code spans (backticks) stay as their author set them."""
-    from shardlab.strategies import REGISTRY
-
     def name(match: re.Match) -> str:
         word = match.group(0)
-        return REGISTRY[word].title if word in REGISTRY else word.replace("_", " ")
+        return _titles.get(word) or word.replace("_", " ")
 
     parts = re.split(r"(`+[^`]*`+)", str(text))  # odd parts are code spans
     return "".join(part if i % 2 else CODE_NAME.sub(name, part) for i, part in enumerate(parts))

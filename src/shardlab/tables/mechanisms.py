@@ -21,9 +21,9 @@ def strategies(run: Iterable[str] = ()) -> pd.DataFrame:
     """The registry in its order, then the variants the study ran (composed plans named by their plan, in
     sorted order): the one list of strategies, with their families, that a chart's colours follow."""
     names = [*REGISTRY, *sorted(set(run) - set(REGISTRY))]
-    return pd.DataFrame([{"order": i, "strategy": name, "family": REGISTRY[name].family.value,
-                          "topic": REGISTRY[name].topic, "summary": REGISTRY[name].summary}
-                         for i, name in enumerate(names)])
+    return pd.DataFrame([{"order": i, "strategy": name, "title": REGISTRY[name].title,
+                          "family": REGISTRY[name].family.value, "topic": REGISTRY[name].topic,
+                          "summary": REGISTRY[name].summary} for i, name in enumerate(names)])
 
 
 # The table's categories and the prediction columns they read (`tables.rank_predictions`).
