@@ -242,11 +242,16 @@ def _paired(ratios: list[float], experiment: str = "data_parallel") -> dict[str,
 def test_a_speed_claim_timed_side_by_side_rests_on_its_rounds(ratios, verdict):
     """The separate runs say DDP is 1.5x naive; the paired rounds of the same DAG decide, and a ratio inside
     the rounds' own noise is not decidable."""
-    tables = {"steps": _steps({"dp_naive": _noisy(0.15), "ddp": _noisy(0.10)}), "runs": _runs(), **_paired(ratios)}
+    runs = _finished_runs(["dp_naive", "ddp"])
+    tables = {"steps": _steps({"dp_naive": _noisy(0.15), "ddp": _noisy(0.10)}), "runs": runs, **_paired(ratios)}
     table = verdicts(tables)
     assert _verdict(table, "1b") == verdict
     evidence = table.loc[table["claim"] == "1b", "evidence"].item()
     assert f"side by side in {len(ratios)} rounds" in evidence
+    assert "; timed on CPU, 2 cores, 2 ranks" in evidence
+    crowded = runs.assign(world_size=4)
+    assert "4 ranks (more ranks than cores: they time-share)" in verdicts({**tables, "runs": crowded}).loc[
+        lambda t: t["claim"] == "1b", "evidence"].item()
     assert _verdict(verdicts({"steps": tables["steps"], "runs": _runs()}), "1b") == SUPPORTED  # unpaired: the fluke
 
 

@@ -229,7 +229,8 @@ def test_the_chart_checks_can_fail(tmp_path):
 def test_the_claim_checks_fail_a_chart_that_does_not_show_its_caption(tmp_path):
     """Each rule between what a chart says and what it draws flags a page built to break it, and passes the
     sound twin: a diagonal named but not drawn; a "vs m" chart with one m; an axis "after − before" whose rows
-    are before − after (or that declares nothing); predicted and measured drawn alike; a legend without symbols."""
+    are before − after (or that declares nothing); predicted and measured drawn alike; a legend without symbols;
+    a timing that does not say what it ran on."""
     import altair as alt
 
     from shardlab.reporting import charts
@@ -263,6 +264,9 @@ def test_the_claim_checks_fail_a_chart_that_does_not_show_its_caption(tmp_path):
             "kind:N", legend=alt.Legend(symbolOpacity=0))).properties(title="Blank legend"),
         alt.Chart(series).mark_point().encode(x="step:O", y="bytes:Q", shape="kind:N", color="step:N",
                                               fill=alt.value("white")).properties(title="White on white"),
+        alt.Chart(sweep).mark_bar().encode(x="run:N", y=alt.Y("idle:Q", title="tokens/s")).properties(title="Speed"),
+        alt.Chart(sweep).mark_bar().encode(x="run:N", y=alt.Y("idle:Q", title="tokens/s")).properties(
+            title=alt.TitleParams("Sound: speed", subtitle="timed on CPU, 2 cores")),
     ]
     page = tmp_path / "claims.html"
     page.write_text("<html><body>" + "".join(charts._offline_html(s.to_dict())["text/html"] for s in specs)
@@ -274,7 +278,8 @@ def test_the_claim_checks_fail_a_chart_that_does_not_show_its_caption(tmp_path):
                   'Undeclared: axis "improvement: after − before" declares no difference',
                   'Alike: legend entries "predicted" and "measured" are drawn alike',
                   'Blank legend: legend entry "measured" has no symbol',
-                  'White on white: legend entry'):
+                  'White on white: legend entry',
+                  'Speed: a timing that does not say the device'):
         assert any(f.startswith(start) for f in faults), (start, faults)
     assert not [f for f in faults if f.startswith("Sound")], faults
 

@@ -158,6 +158,12 @@ CLAIM_FAULTS = r"""function claimFaults(div) {
     });
     if (wrong.length) faults.push(`${name}: axis "${axis.title}" plots ${wrong.length} value(s) of another sign or size`);
   }
+  // a timing (throughput, step or wall time) says on what it was measured
+  const heading = [spec.title].flat().map(t => [t?.text ?? t, t?.subtitle].flat().join(' ')).join(' ');
+  const timed = units.some(u => ['x', 'y'].some(c => /tokens\/s|throughput|step time|time \(s\)|seconds|\bms\b|wall/i
+    .test(u.encoding[c]?.title || u.encoding[c]?.field || '')));
+  if (timed && !/\b(CPU|GPU|H100|H200|A100)\b/.test(heading + ' ' + caption))
+    faults.push(`${name}: a timing that does not say the device it ran on`);
   for (const legend of svg.querySelectorAll('g.role-legend')) {
     const entries = [...legend.querySelectorAll('g.role-legend-symbol path')].map((p, i) => ({p,
       label: legend.querySelectorAll('g.role-legend-label text')[i]?.textContent || ''}));

@@ -52,17 +52,38 @@ def _theme() -> alt.theme.ThemeConfig:
                                              "axis": {"labelLimit": 360}, "legend": {"labelLimit": 360}}})
 
 
+_device_note: list[str] = []  # what the timings were measured on (setup, from the environments and runs tables)
+
+
+def device_note(environments: pd.DataFrame, runs: pd.DataFrame) -> str:
+    """'Timed on CPU: 2 cores (AMD EPYC), gloo; runs of 4 and 8 ranks time-share the cores.' from the tables."""
+    if environments.empty:
+        return ""
+    env = environments.iloc[0]
+    if env.get("device_type") == "cuda":
+        return f"Timed on {env.get('device_name', 'GPUs')}."
+    cores = int(env["cpu_cores"])
+    crowded = sorted({int(w) for w in runs.get("world_size", []) if w > cores})
+    return (f"Timed on CPU: {cores} cores ({env.get('cpu_model', 'unknown model')}), gloo"
+            + (f"; runs of {' and '.join(map(str, crowded))} ranks time-share the {cores} cores" if crowded else "")
+            + ".")
+
+
 def use_titles(strategies: pd.DataFrame) -> None:
     """Prose names each strategy by its title in the strategies table (the registry's)."""
     if "title" in strategies:
         _titles.update(zip(strategies["strategy"], strategies["title"]))
 
 
-def setup(strategies: pd.DataFrame | None = None) -> None:
+def setup(strategies: pd.DataFrame | None = None, environments: pd.DataFrame | None = None,
+          runs: pd.DataFrame | None = None) -> None:
     """Render charts offline (Vega inlined once), with a palette for 20 categories, and drop
-    Altair's 5,000-row limit; prose names strategies by the titles of the strategies table."""
+    Altair's 5,000-row limit; prose names strategies by the titles of the strategies table, and timed
+    charts say what they were timed on (environments and runs tables)."""
     if strategies is not None:
         use_titles(strategies)
+    if environments is not None and runs is not None:
+        _device_note[:] = [device_note(environments, runs)]
     alt.renderers.register("shardlab_offline", _offline_html)
     alt.renderers.enable("shardlab_offline")
     alt.theme.register("shardlab", enable=True)(_theme)
@@ -160,11 +181,15 @@ def _title(spec: dict) -> str:
     return next((p for p in parts if p), "") if "layer" in spec else "; ".join(p for p in parts if p)
 
 
-def save_chart(chart: alt.TopLevelMixin, name: str, caption: str | None = None, appendix: bool = False) -> Figure | None:
+def save_chart(chart: alt.TopLevelMixin, name: str, caption: str | None = None, appendix: bool = False,
+               timed: bool = False) -> Figure | None:
     """Write figures/<name>.png and .svg (vl-convert, offline) and return the chart as the report's
     next numbered figure; `caption` leads with what the figure shows (default: the chart's title).
     With `appendix`, the figure is set aside for the appendix (show_appendix) and the text gets one
-    line pointing to it; nothing is returned to display."""
+    line pointing to it; nothing is returned to display. A `timed` chart (throughput, step or wall time
+    measured here) says in its caption what it was measured on (`device_note`)."""
+    if timed and _device_note:
+        caption = f"{caption or _title(chart.to_dict())}. {_device_note[0]}".replace(".. ", ". ")
     FIGURES.mkdir(exist_ok=True)
     chart.save(str(FIGURES / f"{name}.svg"))
     chart.save(str(FIGURES / f"{name}.png"))  # scale 2 costs ~0.8 s per chart, scale 1 ~0.1 s

@@ -99,7 +99,25 @@ def round_ratios(rounds: pd.DataFrame, exp: str, fast: str, slow: str) -> np.nda
     return (mine[fast] / mine[slow]).dropna().to_numpy(float)
 
 
-def speed_rows(steps: pd.DataFrame, sigma: float = 0.0, rounds: pd.DataFrame | None = None) -> list[dict]:
+def timed_on(runs: pd.DataFrame | None, experiment: str, strategies: tuple[str, ...]) -> str:
+    """'on CPU, 2 cores, 2 ranks each' for the runs compared; flags more ranks than cores (they time-share)."""
+    if runs is None or runs.empty or "environment.cpu_cores" not in runs:
+        return ""
+    mine = runs[(runs["experiment"] == experiment) & runs["strategy"].isin(strategies)]
+    if mine.empty:
+        return ""
+    first = mine.iloc[0]
+    ranks = sorted(mine["world_size"].dropna().astype(int).unique())
+    if first.get("environment.device_type") == "cuda":
+        return f"on {first['environment.device_name']}, {' and '.join(map(str, ranks))} ranks"
+    cores = int(first["environment.cpu_cores"])
+    crowded = [r for r in ranks if r > cores]
+    return (f"on CPU, {cores} cores, {' and '.join(map(str, ranks))} ranks"
+            + (" (more ranks than cores: they time-share)" if crowded else ""))
+
+
+def speed_rows(steps: pd.DataFrame, sigma: float = 0.0, rounds: pd.DataFrame | None = None,
+               runs: pd.DataFrame | None = None) -> list[dict]:
     rows = []
     times = _times(steps)
     rounds = rounds if rounds is not None else paired_rounds({})
@@ -118,6 +136,8 @@ def speed_rows(steps: pd.DataFrame, sigma: float = 0.0, rounds: pd.DataFrame | N
                 evidence = (f"{fast} / {slow} tokens/s = {ratio:.2f} ({how}; "
                             f"{len(times[exp, fast])} and {len(times[exp, slow])} timed steps)")
             verdict = decide_ratio(low, high)
+            if where := timed_on(runs, exp, (fast, slow)):
+                evidence += f"; timed {where}"
             if verdict == UNDECIDED:  # say which way the point estimate goes, not only that it cannot decide
                 evidence += f"; the point estimate goes {'with' if ratio > 1 else 'against'} the claim"
             rows.append(_row(claim, statement, exp, f"tokens/s {fast} / {slow}", ratio, verdict, evidence, low, high,
@@ -277,7 +297,7 @@ def strategy_choice(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def verdicts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    speed = speed_rows(tables["steps"], run_to_run_sigma(timing_noise(tables)), paired_rounds(tables))
+    speed = speed_rows(tables["steps"], run_to_run_sigma(timing_noise(tables)), paired_rounds(tables), tables["runs"])
     rows = [*speed, growth_row(speed, tables["runs"]), *zero_memory_rows(tables.get("zero_memory")),
             *tp_memory_rows(tables.get("tp_memory_categories"))]
     return pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", kind="stable").reset_index(drop=True)
