@@ -196,8 +196,8 @@ def guide_plans(plans: pd.DataFrame) -> str:
             "on published runs the planner was not fitted to.")
     if len(beside):
         text += " Beside it, the run published for that model: " + "; ".join(
-            f"{r.published_scale} ran {r.published_plan} at {r.published_mfu_pct:.0f} % MFU, which the planner "
-            f"predicts within {r.planner_error_on_published_pct:+.0f} %" for r in beside.itertuples()) + "."
+            f"{r.published_scale} ran {r.published_plan} at {r.published_mfu_pct:.0f} % MFU, and the planner's "
+            f"prediction for that run is off by {r.planner_error_on_published_pct:+.0f} %" for r in beside.itertuples()) + "."
     if len(flagged):
         text += (f" {len(flagged)} prediction(s) exceed the best MFU ever published for that stack and GPU "
                  "generation: read them as upper bounds.")
