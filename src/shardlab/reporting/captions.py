@@ -202,3 +202,17 @@ def guide_plans(plans: pd.DataFrame) -> str:
         text += (f" {len(flagged)} prediction(s) exceed the best MFU ever published for that stack and GPU "
                  "generation: read them as upper bounds.")
     return text
+
+
+def device_note(environments: pd.DataFrame, runs: pd.DataFrame) -> str:
+    """'Timed on CPU: 2 cores (AMD EPYC), gloo; runs of 4 and 8 ranks time-share the cores.' from the tables."""
+    if environments.empty:
+        return ""
+    env = environments.iloc[0]
+    if env.get("device_type") == "cuda":
+        return f"Timed on {env.get('device_name', 'GPUs')}."
+    cores = int(env["cpu_cores"])
+    crowded = sorted({int(w) for w in runs.get("world_size", []) if w > cores})
+    return (f"Timed on CPU: {cores} cores ({env.get('cpu_model', 'unknown model')}), gloo"
+            + (f"; runs of {' and '.join(map(str, crowded))} ranks time-share the {cores} cores" if crowded else "")
+            + ".")

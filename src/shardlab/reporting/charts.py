@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import altair as alt
 
+from shardlab.reporting.captions import device_note
 from shardlab.tables import read_table  # noqa: F401  (the pages read tables through the reporting package)
 
 if TYPE_CHECKING:
@@ -53,20 +54,6 @@ def _theme() -> alt.theme.ThemeConfig:
 
 
 _device_note: list[str] = []  # what the timings were measured on (setup, from the environments and runs tables)
-
-
-def device_note(environments: pd.DataFrame, runs: pd.DataFrame) -> str:
-    """'Timed on CPU: 2 cores (AMD EPYC), gloo; runs of 4 and 8 ranks time-share the cores.' from the tables."""
-    if environments.empty:
-        return ""
-    env = environments.iloc[0]
-    if env.get("device_type") == "cuda":
-        return f"Timed on {env.get('device_name', 'GPUs')}."
-    cores = int(env["cpu_cores"])
-    crowded = sorted({int(w) for w in runs.get("world_size", []) if w > cores})
-    return (f"Timed on CPU: {cores} cores ({env.get('cpu_model', 'unknown model')}), gloo"
-            + (f"; runs of {' and '.join(map(str, crowded))} ranks time-share the {cores} cores" if crowded else "")
-            + ".")
 
 
 def use_titles(strategies: pd.DataFrame) -> None:

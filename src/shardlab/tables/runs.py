@@ -189,3 +189,20 @@ def caught_per_dtype(sensitivity: pd.DataFrame) -> pd.DataFrame:
                      "smallest_gradient_error": smallest["gradient_error"] if smallest is not None else float("nan"),
                      "smallest_case": smallest["case"] if smallest is not None else ""})
     return pd.DataFrame(rows, columns=["dtype", "caught", "injected", "smallest_gradient_error", "smallest_case"])
+
+
+def timed_on(runs: pd.DataFrame | None, experiment: str, strategies: tuple[str, ...]) -> str:
+    """'on CPU, 2 cores, 2 ranks each' for the runs compared; flags more ranks than cores (they time-share)."""
+    if runs is None or runs.empty or "environment.cpu_cores" not in runs:
+        return ""
+    mine = runs[(runs["experiment"] == experiment) & runs["strategy"].isin(strategies)]
+    if mine.empty:
+        return ""
+    first = mine.iloc[0]
+    ranks = sorted(mine["world_size"].dropna().astype(int).unique())
+    if first.get("environment.device_type") == "cuda":
+        return f"on {first['environment.device_name']}, {' and '.join(map(str, ranks))} ranks"
+    cores = int(first["environment.cpu_cores"])
+    crowded = [r for r in ranks if r > cores]
+    return (f"on CPU, {cores} cores, {' and '.join(map(str, ranks))} ranks"
+            + (" (more ranks than cores: they time-share)" if crowded else ""))

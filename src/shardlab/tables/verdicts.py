@@ -30,7 +30,7 @@ from shardlab.core.step_stats import paired_ratio, run_to_run_sigma, throughput_
 from shardlab.strategies import NOISE_RUNS
 from shardlab.strategies.roles import hand_written_data_parallel, the_reference, tp_pair, zero_ladder
 from shardlab.tables import TableInputs
-from shardlab.tables.runs import compute_units, unequal_compute
+from shardlab.tables.runs import compute_units, timed_on, unequal_compute
 
 TOPIC = "verdicts"
 COLUMNS = ["claim", "statement", "experiment", "measure", "ratio", "ratio_low", "ratio_high", "verdict", "evidence",
@@ -97,23 +97,6 @@ def round_ratios(rounds: pd.DataFrame, exp: str, fast: str, slow: str) -> np.nda
     if fast not in mine or slow not in mine:
         return np.array([])
     return (mine[fast] / mine[slow]).dropna().to_numpy(float)
-
-
-def timed_on(runs: pd.DataFrame | None, experiment: str, strategies: tuple[str, ...]) -> str:
-    """'on CPU, 2 cores, 2 ranks each' for the runs compared; flags more ranks than cores (they time-share)."""
-    if runs is None or runs.empty or "environment.cpu_cores" not in runs:
-        return ""
-    mine = runs[(runs["experiment"] == experiment) & runs["strategy"].isin(strategies)]
-    if mine.empty:
-        return ""
-    first = mine.iloc[0]
-    ranks = sorted(mine["world_size"].dropna().astype(int).unique())
-    if first.get("environment.device_type") == "cuda":
-        return f"on {first['environment.device_name']}, {' and '.join(map(str, ranks))} ranks"
-    cores = int(first["environment.cpu_cores"])
-    crowded = [r for r in ranks if r > cores]
-    return (f"on CPU, {cores} cores, {' and '.join(map(str, ranks))} ranks"
-            + (" (more ranks than cores: they time-share)" if crowded else ""))
 
 
 def speed_rows(steps: pd.DataFrame, sigma: float = 0.0, rounds: pd.DataFrame | None = None,
