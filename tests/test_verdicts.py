@@ -206,7 +206,7 @@ def test_the_abstract_is_computed_from_the_tables_and_follows_them():
             "that caught 5 of 6 errors injected on purpose in fp32, the smallest moving the mean gradient by 0.40%") in text
     assert "Every run finished" in text and "on 2 CPU cores (EPYC, gloo)" in text
     assert "model states within 0.012 % (mean 0.002 %) and activations within 14 % (mean 0.59 %)" in text
-    assert ("On 2 published training runs it was not fitted to (2 sources, 2 software stacks, A100, H100), the planner "
+    assert ("On 2 published training runs the planner was not fitted to (2 sources, 2 software stacks, A100, H100), it "
             "predicts throughput per GPU within 20 % on average and 30 % at worst, and says \"does not fit\" for 1 of "
             "the 3 published runs") in text
     assert "chemistry beats a trivial baseline on validity but not on tracking (1 of 2 metrics, in every run)" in text

@@ -97,8 +97,8 @@ def _planner_sentence(published: pd.DataFrame | None) -> str | None:
     errors = held["error_pct"].abs()
     refused = int((~published["fits"].astype(str).str.lower().eq("true")).sum())
     gpus = ", ".join(sorted(held["accelerator"].str.split("-").str[0].unique()))
-    return (f"On {len(held)} published training runs it was not fitted to ({held['source'].nunique()} sources, "
-            f"{held['stack'].nunique()} software stacks, {gpus}), the planner predicts throughput per GPU within "
+    return (f"On {len(held)} published training runs the planner was not fitted to ({held['source'].nunique()} "
+            f"sources, {held['stack'].nunique()} software stacks, {gpus}), it predicts throughput per GPU within "
             f"{errors.mean():.0f} % on average and {errors.max():.0f} % at worst, and says \"does not fit\" for "
             f"{refused} of the {len(published)} published runs, all of which ran.")
 
@@ -112,8 +112,8 @@ def _science_sentence(outcomes: pd.DataFrame | None) -> str | None:
     for domain, g in judged.groupby("domain", sort=False):
         won = g[g["beats_baseline"] == "every run"]["metric_title"].tolist()
         lost = g[g["beats_baseline"] != "every run"]["metric_title"].tolist()
-        parts.append(f"{domain} beats a trivial baseline on " + (", ".join(won) or "nothing")
-                     + (f" but not on {', '.join(lost)}" if lost else ""))
+        parts.append(f"{domain} beats a trivial baseline on " + (" and ".join(won) or "nothing")
+                     + (f" but not on {' and '.join(lost)}" if lost else ""))
     return ("Fine-tuned from a small pretrained model, " + "; ".join(parts)
             + f" ({int(judged['beats_baseline'].eq('every run').sum())} of {len(judged)} metrics, in every run).")
 
