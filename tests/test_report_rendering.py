@@ -74,5 +74,6 @@ def test_prose_names_strategies_by_their_titles_and_other_code_names_in_words():
     from shardlab.tables.mechanisms import strategies
 
     charts.use_titles(strategies(["composed_dp2_tp2_pp2_zero1"]))
-    assert charts.readable("ddp beats dp_naive in data_parallel; composed_dp2_tp2_pp2_zero1, zero3 and `tp_sp`") == (
-        "DDP beats naive DP in data parallel; plan dp2 tp2 pp2 zero1, ZeRO-3 and `tp_sp`")  # a code span stays code
+    assert charts.readable("ddp beats dp_naive in data_parallel; composed_dp2_tp2_pp2_zero1, zero3, tp and `tp_sp`") == (
+        "DDP beats naive DP in data parallel; plan dp2 tp2 pp2 zero1, ZeRO-3, TP and `tp_sp`")  # a code span stays code
+    assert charts.readable("tp8+sp pp16") == "tp8+sp pp16"  # plan notation is not a name

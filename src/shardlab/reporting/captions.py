@@ -190,10 +190,10 @@ def guide_plans(plans: pd.DataFrame) -> str:
     beside = plans.dropna(subset=["planner_error_on_published_pct"]) if "planner_error_on_published_pct" in plans \
         else plans.iloc[:0]
     flagged = plans[plans["above_published_mfu"].fillna("").astype(str).str.len() > 0]
-    text = (f"The planner's best plan for {len(plans)} models and clusters at scale. Notation: degrees of dp, tp "
-            "(+sp: with sequence parallelism; +ov: its communication overlapped), pp (its schedule; v: chunks a "
-            "stage), cp and ep; zK: ZeRO stage K; mb: micro-batch; rc: recomputation. ± is the stack's worst error "
-            "on published runs the planner was not fitted to.")
+    text = (f"The planner's best plan for {len(plans)} models and clusters at scale. Notation: degrees of `dp`, `tp` "
+            "(`+sp`: with sequence parallelism; `+ov`: its communication overlapped), `pp` (its schedule; `v`: chunks "
+            "a stage), `cp` and `ep`; `zK`: ZeRO stage K; `mb`: micro-batch; `rc`: recomputation. ± is the stack's "
+            "worst error on published runs the planner was not fitted to.")
     if len(beside):
         text += " Beside it, the run published for that model: " + "; ".join(
             f"{r.published_scale} ran {r.published_plan} at {r.published_mfu_pct:.0f} % MFU, and the planner's "

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 FIGURES = Path("figures")
 # A name from the code: snake_case (a run, an experiment, a column), or a strategy named in one word.
-CODE_NAME = re.compile(r"\b(?:ddp|zero[0-3]|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b")
+CODE_NAME = re.compile(r"\b(?:ddp|tp|zero[0-3]|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b")
 MIB = 1024**2
 _bundle_sent = False
 
