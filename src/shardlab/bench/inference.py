@@ -16,19 +16,16 @@ has a production twin) that splits activations as plain tensor parallelism does.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from shardlab import cli
+from shardlab.bench.driver import bench_parser, run_worker
 from shardlab.runner.failures import record
-from shardlab.runner.launch import launch_module
 from shardlab.strategies.roles import tp_pair
 
 FIELDS = ["experiment", "model", "mode", "tp", "rank", "status", "reason", "batch", "prompt_len", "new_tokens",
@@ -103,22 +100,15 @@ def _row(mode: str, tp: int, rank: int, args, result: dict | None, reference: li
 
 def run_tp(args, tp: int) -> tuple[list | None, str]:
     """The TP ranks' results (one per rank), or None and why the launch failed."""
-    with tempfile.TemporaryDirectory(prefix="tp_inference-") as tmp:
-        out = Path(tmp) / "tp.json"
-        reason = launch_module(tp, "shardlab.bench.inference",
-                               ["--worker", "--worker-out", str(out), "--strategy", args.strategy,
-                                "--experiment-config", str(args.experiment_config), "--model-dir", str(args.model_dir),
-                                "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
-                                "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)],
-                               Path(tmp), out, args.timeout_s, "--timeout-s")
-        return (None, reason) if reason else (json.loads(out.read_text()), "")
+    return run_worker(tp, "shardlab.bench.inference",
+                      ["--strategy", args.strategy, "--experiment-config", str(args.experiment_config),
+                       "--model-dir", str(args.model_dir), "--batch", str(args.batch), "--prompt-len",
+                       str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)],
+                      args.timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = cli.Parser(prog="shardlab bench-inference", description=__doc__)
-    parser.add_argument("--experiment-config", type=cli.existing_file, required=True)
-    parser.add_argument("--model-dir", type=cli.existing_dir, required=True)
-    parser.add_argument("--out", type=Path)
+    parser = bench_parser("shardlab bench-inference", __doc__, tokens=False, timeout_s=600)
     parser.add_argument("--strategy", default=None, help="strategy to benchmark (default: benchmarked_strategy())")
     parser.add_argument("--tp", type=cli.count, default=None,
                         help="TP degree (default: the experiment's launch.world_size)")
@@ -126,9 +116,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-len", type=cli.count, default=16)
     parser.add_argument("--new-tokens", type=cli.count, default=32)
     parser.add_argument("--repeats", type=cli.count, default=2)
-    parser.add_argument("--timeout-s", type=cli.count, default=600)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.strategy = args.strategy or benchmarked_strategy()
     if args.worker:

@@ -15,18 +15,13 @@ claims on the per-round ratios, and their spread is the run-to-run noise it repo
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
-import pandas as pd
-
-from shardlab import cli
+from shardlab.bench.driver import bench_parser, run_worker, write_rows
 from shardlab.runner.failures import record
-from shardlab.runner.launch import launch_module
 from shardlab.strategies import get_spec
 
 COLUMNS = ["experiment", "round", "position", "strategy", "step_s", "tokens_per_s", "steps", "status", "reason"]
@@ -106,25 +101,13 @@ def worker(args) -> None:
 # --- the driver: launch, then the table rows ------------------------------------------------------------
 def measure(args, exp: dict) -> tuple[list[dict] | None, str]:
     """Every (round, strategy)'s median step time, or None and why the launch failed."""
-    with tempfile.TemporaryDirectory(prefix="paired_timing-") as tmp:
-        out = Path(tmp) / "timing.json"
-        reason = launch_module(exp["launch"]["world_size"], "shardlab.bench.paired_timing",
-                               ["--worker", "--worker-out", str(out), "--experiment-config", str(args.experiment_config),
-                                "--model-dir", str(args.model_dir), "--tokens", str(args.tokens)],
-                               Path(tmp), out, args.timeout_s, "--timeout-s")
-        return (None, reason) if reason else (json.loads(out.read_text()), "")
+    return run_worker(exp["launch"]["world_size"], "shardlab.bench.paired_timing",
+                      ["--experiment-config", str(args.experiment_config), "--model-dir", str(args.model_dir),
+                       "--tokens", str(args.tokens)], args.timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = cli.Parser(prog="shardlab bench-paired", description=__doc__)
-    parser.add_argument("--experiment-config", type=cli.existing_file, required=True)
-    parser.add_argument("--model-dir", type=cli.existing_dir, required=True)
-    parser.add_argument("--tokens", type=cli.existing_file, required=True)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--timeout-s", type=cli.count, default=900)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = bench_parser("shardlab bench-paired", __doc__).parse_args(argv)
     if args.worker:
         return worker(args)
     exp = json.loads(args.experiment_config.read_text())
@@ -132,8 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     tokens_per_step = exp["training"]["global_batch_size"] * exp["training"]["seq_len"]
     rows = ([dict(r, tokens_per_s=tokens_per_step / r["step_s"], status="ok") for r in rows] if rows is not None
             else [{"status": "failed", "reason": reason}])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([{"experiment": exp["name"], **row} for row in rows], columns=COLUMNS).to_csv(args.out, index=False)
+    write_rows(exp["name"], rows, COLUMNS, args.out)
     print(f"[paired_timing] {exp['name']}: {len(rows)} rows -> {args.out}" + (f" (failed: {reason})" if reason else ""))
 
 

@@ -25,18 +25,14 @@ normalisation hides a uniform gradient scale.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
-
 from shardlab import cli
+from shardlab.bench.driver import bench_parser, run_worker, write_rows
 from shardlab.runner.failures import record
-from shardlab.runner.launch import launch_module
 from shardlab.strategies import REGISTRY, Family
 from shardlab.strategies.roles import hand_written_data_parallel, reference_of, tp_pair
 
@@ -188,14 +184,9 @@ def loss_rows(dtypes: list[str], losses: dict[str, list[float]]) -> list[dict]:
 
 def launch(args) -> tuple[dict | None, str]:
     """Every case's losses (keyed as `loss_rows` reads them), or None and why the launch failed."""
-    with tempfile.TemporaryDirectory(prefix="parity_sensitivity-") as tmp:
-        out = Path(tmp) / "losses.json"
-        reason = launch_module(WORLD, "shardlab.bench.parity_sensitivity",
-                               ["--worker", "--worker-out", str(out), "--dtypes", ",".join(args.dtypes),
-                                "--experiment-config", str(args.experiment_config),
-                                "--model-dir", str(args.model_dir), "--tokens", str(args.tokens)],
-                               Path(tmp), out, args.timeout_s, "--timeout-s")
-        return (None, reason) if reason else (json.loads(out.read_text()), "")
+    return run_worker(WORLD, "shardlab.bench.parity_sensitivity",
+                      ["--dtypes", ",".join(args.dtypes), "--experiment-config", str(args.experiment_config),
+                       "--model-dir", str(args.model_dir), "--tokens", str(args.tokens)], args.timeout_s)
 
 
 def dtype_list(text: str) -> list[str]:
@@ -208,15 +199,8 @@ def dtype_list(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = cli.Parser(prog="shardlab parity-sensitivity", description=__doc__)
-    parser.add_argument("--experiment-config", type=cli.existing_file, required=True)
-    parser.add_argument("--model-dir", type=cli.existing_dir, required=True)
-    parser.add_argument("--tokens", type=cli.existing_file, required=True)
+    parser = bench_parser("shardlab parity-sensitivity", __doc__)
     parser.add_argument("--dtypes", type=cli.argument(dtype_list), default=["fp32", "bf16"], help="comma separated")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--timeout-s", type=cli.count, default=900)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -224,8 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     losses, reason = launch(args)
     rows = (loss_rows(args.dtypes, losses) if losses is not None
             else [{"dtype": d, "status": "failed", "reason": reason} for d in args.dtypes])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([{"experiment": exp["name"], **row} for row in rows], columns=COLUMNS).to_csv(args.out, index=False)
+    write_rows(exp["name"], rows, COLUMNS, args.out)
     print(f"[parity_sensitivity] {exp['name']}: {len(cases())} cases x {len(args.dtypes)} dtypes -> {args.out}"
           + (f" (failed: {reason})" if losses is None else ""))
 
