@@ -280,7 +280,8 @@ def _science_inputs() -> TableInputs:
     metrics = pd.DataFrame([{"experiment": "science_materials", "strategy": "single", "run_status": "ok", "step": step,
                              "final": step == 2, "domain": "materials", "test_set": "test", "metric": "gap_mae_eV",
                              "value": value, "baseline": baseline, "baseline_name": "training mean", "n": 10, "note": "",
-                             "compared_with": against}
+                             "compared_with": against, "better": "lower", "beats_baseline": value < baseline,
+                             "difference_low": value - baseline - 0.05, "difference_high": value - baseline + 0.05}
                             for step, value, baseline, against in ((2, 1.0, 1.2, "trivial baseline"),
                                                                    (0, 1.3, 1.2, "trivial baseline"),
                                                                    (1, 1.1, 1.2, "trivial baseline"),
@@ -332,6 +333,10 @@ def test_time_to_target_and_the_science_tables():
     assert tables["science_fine_tuning"][["value", "baseline"]].values.tolist() == [[1.0, 1.3]]
     domain_curve = tables["science_domain_curves"]
     assert domain_curve["step"].tolist() == [0, 1, 2] and domain_curve["value"].tolist() == [1.3, 1.1, 1.0]
+    # One row per metric, its verdicts over the runs computed once (every count in the report counts these rows).
+    outcome = tables["science_outcomes"].set_index("metric").loc["gap_mae_eV"]
+    assert outcome["metric_title"] == "band-gap error (eV)" and (outcome["value"], outcome["before"]) == (1.0, 1.3)
+    assert (outcome["beats_baseline"], outcome["improved"], outcome["worse"]) == ("every run", "every run", "no run")
 
 
 def test_science_tables_without_evaluations_keep_their_columns():

@@ -116,6 +116,14 @@ def test_dag_end_to_end_on_reduced_config(reduced_study):
     assert 'id="Abstract"' in html and "training runs of" in html  # the computed abstract opens the report
     verdicts = pd.read_csv(results / "tables" / "verdicts.csv")
     assert set(verdicts["verdict"]) <= {"supported", "contradicted", "not decidable"} and len(verdicts) >= 7
+    # The opening's summaries from the real writers' tables: the abstract says what carries over, the guide
+    # holds each technique's measured shares and the planner's plans.
+    abstract = " ".join(pd.read_csv(results / "tables" / "abstract.csv")["sentence"])
+    assert "Memory per rank follows the cost model's accounting" in abstract and "the planner was not fitted to" in abstract
+    guide = pd.read_csv(results / "tables" / "guide_techniques.csv")
+    assert len(guide) >= 2 and guide["holds"].str.fullmatch(r"\d\.\d\d( · \d\.\d\d){3}").all(), guide["holds"]
+    assert guide["communicates"].str.contains("MiB a step").all()
+    assert len(pd.read_csv(results / "tables" / "guide_plans.csv")) == len(config["planning"]["scenarios"])
     for figure in ("throughput", "memory_by_category", "parity_deviation", "dp_comm_time"):
         assert (results / "report" / "figures" / f"{figure}.png").stat().st_size > 1000
     renderer = (results / "report" / "renderer.txt").read_text()
