@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import MOE_OVERRIDES, REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
+from helpers import ADAMW_OVERRIDES, MOE_OVERRIDES, REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
 from shardlab.config import deep_merge
-from shardlab.runner.checkpoint import Checkpointer, resume_key
 from shardlab.runner.faults import FAULT_STEP, ONCE_STEP
+from shardlab.runner.launch import checkpoint_dir
+from shardlab.strategies.composed.export import search_runnable
 from shardlab.runner.process import run_processes
 from shardlab.strategies import REGISTRY
 
@@ -28,8 +29,7 @@ HANG_TIMEOUT_S = 5  # process-group timeout: longer than any healthy collective 
 DEADLINE_S = 150  # the run's own deadline (launch.timeout_s), which the collective timeout must beat
 EVERY = 2  # checkpoints after steps 1, 3: the fault at step 3 comes before the second one
 STEPS = list(range(TEST_EXPERIMENT["training"]["steps"]))
-# One or more strategies of every multi-process family, each with the options its tests use; the
-# hand-written TP/SP, pipelines, the hybrid and EP save per-slice names (Strategy.state_namespace).
+# One or more strategies of every multi-process family, each with the options its tests use.
 FAMILIES = {
     "ddp": {}, "zero3": {}, "fsdp2_full": {},
     "tp_sp": {}, "tp_sp_dtensor": {},
@@ -55,14 +55,15 @@ def _steps_lost(attempts: Path, resumed_from: int) -> int:
     return done - resumed_from
 
 
-def _record(strategy: str, fault: str, recovery: str, summary: dict, started: float, steps_lost=None) -> None:
+def _record(strategy: str, fault: str, recovery: str, summary: dict, started: float, steps_lost=None,
+            every: int = EVERY) -> None:
     """One fault's outcome for scripts/fault-drill.sh (nothing unless SHARDLAB_FAULT_LOG is set)."""
     if not FAULT_LOG:
         return
     row = {"strategy": strategy, "family": REGISTRY[strategy].family, "fault": fault, "recovery": recovery,
            "status": summary["status"], "restarts": len(summary.get("restarts", [])),
            "resumed_from": [r["from_step"] for r in summary.get("resumes", [])], "steps_lost": steps_lost,
-           "checkpoint_every": EVERY, "wall_s": round(time.monotonic() - started, 1)}
+           "checkpoint_every": every, "wall_s": round(time.monotonic() - started, 1)}
     with open(FAULT_LOG, "a") as log:
         log.write(json.dumps(row) + "\n")
 
@@ -157,39 +158,12 @@ def test_a_rerun_resumes_where_the_failed_attempt_stopped(tiny_assets, tmp_path,
     assert not checkpoints.exists()  # finished: a forced rerun starts from step 0
 
 
-def test_partial_foreign_and_other_world_checkpoints_are_never_loaded(tmp_path, capsys):
-    def folder(name, key, world_size=2):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "meta.json").write_text(json.dumps({"resume_key": key, "world_size": world_size}))
-
-    folder("step-00000001", "mine")
-    folder("step-00000005", "other settings")
-    folder("step-00000007", "mine", world_size=4)
-    (tmp_path / ".step-00000009.partial").mkdir()  # a crash while writing
-    assert Checkpointer(tmp_path, 2, "mine", 0, 2).latest() == (1, tmp_path / "step-00000001")
-    out = capsys.readouterr().out
-    assert "incomplete" in out and "other settings" in out and "written by 4 ranks" in out
-    assert Checkpointer(tmp_path, 2, "mine", 0, 2, reshardable=True).latest() == (7, tmp_path / "step-00000007")
-
-
-def test_the_resume_key_ignores_how_a_run_is_launched_but_not_what_it_trains():
-    exp = copy.deepcopy(TEST_EXPERIMENT)
-    key = resume_key(exp, "fsdp2_full")
-    relaunched = deep_merge(exp, {"launch": {"world_size": 4, "timeout_s": 9, "max_restarts": 3},
-                                  "training": {"checkpoint_every": 5, "fault_injection": "kill_rank1_once"},
-                                  "strategy_options": {"fsdp2_full": {"world_size": 4}}})
-    assert resume_key(relaunched, "fsdp2_full") == key
-    assert resume_key(deep_merge(exp, {"training": {"lr": 0.1}}), "fsdp2_full") != key
-    assert resume_key(deep_merge(exp, {"model": {"seed": 1}}), "fsdp2_full") != key
-    assert resume_key(exp, "ddp") != key
-
-
 @pytest.mark.torchrun
-@pytest.mark.parametrize("strategy", ["fsdp2_full", "ddp"])
+@pytest.mark.parametrize("strategy", ["tp_sp"])
 def test_a_checkpoint_written_at_4_ranks_resumes_at_2(strategy, tiny_assets, tmp_path, uninterrupted):
-    """DCP re-cuts FSDP2's shards (and DDP's replicated state) for another world size: a 4-rank run
-    dies after its first checkpoint and its rerun on 2 ranks continues from it, with the losses of an
-    uninterrupted 2-rank run within the float32 rule (the reduction order changed with the world)."""
+    """The same run at another world size: a 4-rank run of hand-cut TP+SP shards dies after its first
+    checkpoint and its rerun on 2 ranks cuts its halves from the checkpoint's whole tensors, with the losses
+    of an uninterrupted 2-rank run within the float32 rule (the reduction order changed with the world)."""
     faults = {"training": {"checkpoint_every": EVERY, "fault_injection": "kill_rank1_once"}}
     failed, _ = launch_test_run(tiny_assets, tmp_path, strategy, deep_merge(faults, {"launch": {"world_size": 4}}))
     assert failed["status"] != "ok" and failed["world_size"] == 4
@@ -203,12 +177,35 @@ def test_a_checkpoint_written_at_4_ranks_resumes_at_2(strategy, tiny_assets, tmp
     assert_losses_match(_losses(steps), uninterrupted(strategy))
 
 
-def test_only_strategies_whose_state_dcp_can_recut_claim_to_reshard():
-    """DeepSpeed refuses a ZeRO checkpoint from another data-parallel size (ZeRORuntimeException; its
-    ds_to_universal converter is the way, not wired here), and hand-cut shards have per-rank names:
-    both resume only at the world size that wrote them, and Checkpointer skips other checkpoints."""
-    reshardable = {name for name, spec in REGISTRY.items() if getattr(spec.load(), "reshardable", False)}
-    assert reshardable == {"dp_naive", "dp_interleaved", "ddp", "fsdp2_grad_op", "fsdp2_full", "fsdp2_single"}
+# The elastic drill: a 4-rank composed plan (ZeRO-1 over dp2, TP+SP over tp2) loses rank 1, and the job is
+# started again on the 2 ranks left, under the plan the planner picks for them, from the last checkpoint.
+DRILL = ("composed", {"strategy_options": {"composed": {"world_size": 4, "tp": 2, "sp": True, "dp_shard": "zero1"}}})
+
+
+@pytest.mark.torchrun
+def test_elastic_drill_a_lost_rank_continues_on_fewer_ranks_under_the_planners_plan(run_once, tiny_assets, tmp_path):
+    strategy, options = DRILL
+    settings = deep_merge(copy.deepcopy(ADAMW_OVERRIDES), options)
+    _, uninterrupted = run_once(strategy, settings)
+    started = time.monotonic()
+    every = ONCE_STEP  # the checkpoint after step 2, then rank 1 dies at step 3
+    fault = {"training": {"checkpoint_every": every, "fault_injection": "kill_rank1_once"}}
+    failed, done = launch_test_run(tiny_assets, tmp_path, strategy, deep_merge(settings, fault))
+    assert failed["status"] != "ok" and failed["reason"].startswith("rank 1: killed by SIGKILL"), failed["reason"]
+    assert [s["step"] for s in done] == list(range(ONCE_STEP))
+
+    exp = deep_merge(copy.deepcopy(TEST_EXPERIMENT), ADAMW_OVERRIDES)
+    (plan, found), = search_runnable(exp, world=2, top=1).plans.items()  # the planner's best plan for 2 ranks
+    resumed = {"strategy_options": {plan: found["options"]},
+               "training": {"resume_from": str(checkpoint_dir(tmp_path / "runs" / strategy, strategy))}}
+    summary, steps = launch_test_run(tiny_assets, tmp_path, plan, deep_merge(copy.deepcopy(ADAMW_OVERRIDES), resumed))
+    _record(strategy, f"rank 1 SIGKILL at step {ONCE_STEP} (4 ranks)", f"restart on 2 ranks as {found['label']} "
+            "(the planner's plan)", summary, started, len(done) - every, every)
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["world_size"] == 2
+    assert [(r["from_step"], r["written_by"]["world_size"]) for r in summary["resumes"]] == [(every, 4)]
+    assert [s["step"] for s in steps] == STEPS
+    assert_losses_match(_losses(steps)[every:], _losses(uninterrupted)[every:])
 
 
 def _study(root: Path, fault: str) -> Path:

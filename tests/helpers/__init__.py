@@ -32,6 +32,8 @@ TEST_EXPERIMENT = {
 # The mixture-of-experts model of the expert-parallel tests: capacity 1.0, so that tokens are dropped.
 MOE_OPTIONS = {"num_experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.01}
 MOE_OVERRIDES = {"strategy_options": {"moe_single": MOE_OPTIONS, "ep_moe": MOE_OPTIONS}}
+# AdamW, for the tests where the optimizer's state matters (resuming under another plan).
+ADAMW_OVERRIDES = {"training": {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.01}}
 
 
 def launch_test_run(assets, root: Path, strategy: str, overrides: dict | None = None):

@@ -11,7 +11,9 @@ step 1 so that step 0's metrics exist. Each stands in for a real failure mode:
 - kill_rank1_once: rank 1 dies by SIGKILL at step 3 of a run that has not resumed (a rank lost
   mid-run once; the resumed run, by a torchrun restart or a rerun, goes through);
 - stall_rank1_once: rank 1 stops silently at step 3 of a run that has not resumed, so that a test
-  can interrupt the workflow in mid-run, after a checkpoint (the rerun resumes and goes through).
+  can interrupt the workflow in mid-run, after a checkpoint (the rerun resumes and goes through);
+- drop_optimizer_state: a resumed run loads the parameters but not the optimizer's state (the worker
+  asks the checkpoint so), so that the resumed-trajectory check must fail.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def inject_fault(kind: str, step: int, rank: int, resumed: bool = False) -> None
             os.kill(os.getpid(), signal.SIGKILL)
         else:
             time.sleep(3600)
-    if step != FAULT_STEP or kind in ("none", *NUMERIC_FAULTS):
+    if step != FAULT_STEP or kind in ("none", "drop_optimizer_state", *NUMERIC_FAULTS):
         return
     if kind == "raise_oom" or (kind == "oom_rank1" and rank == 1):
         raise torch.OutOfMemoryError(f"fault injection: simulated out of memory at step {step} on rank {rank}")

@@ -25,7 +25,7 @@ from shardlab import cli
 from shardlab.config import config_hash
 from shardlab.core.data import TokenBatches
 from shardlab.core.step_stats import timed_steps
-from shardlab.runner.checkpoint import Checkpointer, resume_key
+from shardlab.runner.checkpoint import Checkpointer, checkpoint_folder, trajectory
 from shardlab.runner.failures import record
 from shardlab.runner.faults import remove_reductions
 from shardlab.runner.fork_server import exit_now
@@ -101,23 +101,27 @@ def save_final_model(strategy, model, tokenizer_dir: Path, out: Path) -> None:
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
 
 
-def resume(args, exp: dict, topo, strategy, log: StepLog) -> tuple[Checkpointer | None, int, list[dict]]:
-    """(checkpointer, first step to run, resumes so far): from the latest complete checkpoint, if any."""
-    every = exp["training"].get("checkpoint_every", 0)
-    if not every or args.checkpoint_dir is None:
-        return None, 0, []
-    checkpoint = Checkpointer(args.checkpoint_dir, every, resume_key(exp, args.strategy), topo.rank, topo.world_size,
-                              reshardable=strategy.reshardable)
-    latest = checkpoint.latest()
-    if latest is None:
+def resume(args, exp: dict, topo, strategy, log: StepLog) -> tuple[Checkpointer, int, list[dict]]:
+    """(checkpointer, first step to run, resumes so far): from the run's own latest complete checkpoint, else
+    from `training.resume_from` (written by any plan: checked, then resharded), else from step 0."""
+    training = exp["training"]
+    checkpoint = Checkpointer(args.checkpoint_dir, training.get("checkpoint_every", 0), trajectory(exp, args.strategy),
+                              topo.rank, topo.world_size, args.strategy)
+    latest, source = checkpoint.latest(), training.get("resume_from")
+    if latest is None and not source:
         return checkpoint, 0, []
-    step, path = latest
-    meta = checkpoint.load(strategy, path)
+    path = latest[1] if latest else checkpoint_folder(source)
+    meta = checkpoint.load(strategy, path, foreign=latest is None,
+                           optimizer=training["fault_injection"] != "drop_optimizer_state")
     log.restore(meta["records"])
+    step = meta["step"]
     resumes = [*meta.get("resumes", []), {"from_step": step + 1, "at": now(), "world_size": topo.world_size,
-                                           "restart": int(os.environ.get("SHARDLAB_RESTART", 0))}]
+                                           "restart": int(os.environ.get("SHARDLAB_RESTART", 0)),
+                                           "written_by": {"strategy": meta.get("strategy"), "world_size": meta["world_size"]},
+                                           **({} if latest else {"from": str(path)})}]
     if topo.is_main:
-        print(f"[{args.strategy}] resuming: steps 0-{step} restored from {path}", flush=True)
+        print(f"[{args.strategy}] resuming: steps 0-{step} restored from {path} (written by {meta.get('strategy')} "
+              f"on {meta['world_size']} rank(s))", flush=True)
         write_json(args.out / RESUMES_FILE, resumes)  # an attempt that then fails still says it resumed
     return checkpoint, step + 1, resumes
 
@@ -190,7 +194,7 @@ def run(args: argparse.Namespace) -> None:
                            train_wall_s=time.time() - started, resumes=resumes,
                            startup=dict(phases.seconds, first_step_s=log.records[0]["step_time_s"]))
             write_json(out / "summary.json", summary)
-        if checkpoint:
+        if not training.get("keep_checkpoints"):
             checkpoint.remove_all()  # finished: a rerun of this run starts again from step 0
     except BaseException:
         shutdown()

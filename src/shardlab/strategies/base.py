@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,6 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlab.core.topology import Topology
+from shardlab.strategies import portable
+from shardlab.strategies.portable import Held, as_held
 from shardlab.strategies.recompute import apply_recompute
 
 
@@ -209,58 +210,47 @@ class Strategy:
         """The global-batch mean of one loss (`reduce_losses` of one value)."""
         return float(self.reduce_losses(loss.reshape(1))[0])
 
-    # --- checkpoints ----------------------------------------------------------------------
-    #: A checkpoint written at one world size resumes at another (checked in tests/test_resume.py).
-    reshardable = False
+    # --- the whole training state: checkpoints and the trained model ----------------------------
+    #: False where ranks hold different parameters (pipeline stages, experts): `portable.gather` collects them.
+    holds_every_parameter = True
 
-    def state_namespace(self) -> str | None:
-        """Where this rank's state lives in a checkpoint. None: every tensor has one global name
-        (replicated, FSDP2, DTensor shards), so DCP writes a replicated tensor once and can reshard.
-        Strategies whose ranks hold different hand-cut tensors under the same module names return
-        the name of their slice (e.g. "stage_rank1"); ranks with the same slice share it."""
-        return None
+    def held_parameters(self) -> list[Held]:
+        """Every parameter this rank holds, under its name in the whole model, with how it is split
+        (`portable.Held`). Default: the module's own parameters, whole or DTensors."""
+        module = getattr(self.model, "module", self.model)  # DDP's wrapper
+        return [as_held(name, p) for name, p in module.named_parameters()]
 
-    def _dcp_state(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+    def optimizer_states(self, held: list[Held]) -> list[dict]:
+        """This rank's optimizer state of each held parameter (its piece, shaped like the parameter's)."""
+        return [dict(self.optimizer.state.get(h.param, {})) for h in held]
 
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optimizer": optim_state}
-        namespace = self.state_namespace()
-        return {namespace: state} if namespace else state
+    def set_optimizer_states(self, held: list[Held], states: list[dict]) -> None:
+        for h, state in zip(held, states):
+            if state:
+                self.optimizer.state[h.param] = state
 
-    def save_state(self, folder: Path) -> None:
-        """Write model and optimizer state into `folder` (collective: every rank calls it). The default
-        is torch.distributed.checkpoint: each rank writes its own shards (FSDP2 and DTensor never
-        gather), a tensor with the same name on several ranks is written once."""
-        import torch.distributed.checkpoint as dcp  # here: only runs that checkpoint pay its import
+    def whole_state(self, held: list[Held], with_optimizer: bool = True) -> list[tuple[torch.Tensor, dict]]:
+        """Each held parameter and its optimizer states, whole (collective over the ranks that split them)."""
+        return portable.whole_state(held, self.optimizer_states(held) if with_optimizer else [{}] * len(held))
 
-        dcp.save(self._dcp_state(), checkpoint_id=folder)
-
-    def load_state(self, folder: Path) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        state = self._dcp_state()
-        dcp.load(state, checkpoint_id=folder)
-        namespace = self.state_namespace()
-        state = state[namespace] if namespace else state
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    def restore(self, held: list[Held], read) -> None:
+        """Set each held parameter and its optimizer state to this rank's piece of the whole ones that
+        `read(name)` returns as (parameter, {state key: tensor}): loading is resharding."""
+        states = []
+        with torch.no_grad():
+            for h in held:
+                param, optimizer = read(h.name)
+                portable.local(h.param).copy_(portable.local(h.cut(param)))
+                states.append(portable.cut_states(h, optimizer))
+        self.set_optimizer_states(held, states)
 
     def resume_at(self, step: int) -> None:
-        """Called after `load_state` with the first step the loop will run (for strategies that count steps)."""
-
-    # --- results --------------------------------------------------------------------------
+        """Called after a restore with the first step the loop will run (for strategies that count steps)."""
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The complete, unsharded model state on the main rank (None elsewhere); call on every rank.
-
-        Default: every rank holds the whole model, so rank 0 copies its own (DDP's wrapper unwrapped).
-        Sharded strategies override this to gather their shards.
-        """
-        if not self.topo.is_main:
-            return None
-        module = getattr(self.model, "module", self.model)
-        return {name: local_tensor(t).detach().cpu().clone() for name, t in module.state_dict().items()}
+        """The complete, unsharded model state on the main rank (None elsewhere); call on every rank."""
+        state = portable.gather(self, with_optimizer=False)
+        return state.parameters if state else None
 
     # --- measurement --------------------------------------------------------------------
     def state_bytes(self) -> dict[str, int]:

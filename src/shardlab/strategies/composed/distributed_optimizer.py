@@ -31,7 +31,8 @@ class DistributedOptimizer:
         if len(dtypes) != 1:
             raise ValueError(f"the distributed optimizer flattens parameters of one dtype, got {sorted(map(str, dtypes))}")
         self.group, self.comm = group, comm
-        self.ranks, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.ranks, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        rank = self.rank
         total = sum(p.numel() for p in self.params)
         self.partition = -(-total // self.ranks)  # padded to whole partitions
         like = {"dtype": dtypes.pop(), "device": self.params[0].device}
@@ -66,3 +67,35 @@ class DistributedOptimizer:
 
     def zero_grad(self) -> None:
         self.flat_grads.zero_()
+
+    def param_states(self) -> list[dict]:
+        """The optimizer state of each parameter (in `params` order), gathered from the replicas' shards and
+        shaped like the parameter; a scalar (AdamW's step) as it is. Collective over the replicas."""
+        out: list[dict] = [{} for _ in self.params]
+        for key, value in self.optimizer.state.get(self.shard, {}).items():
+            if value.shape != self.shard.shape:
+                full = [value] * len(self.params)
+            else:
+                flat = torch.empty_like(self.flat_params)
+                dist.all_gather_into_tensor(flat, value.contiguous(), group=self.group)
+                full = [view.view_as(p) for view, p in zip(flat.split([p.numel() for p in self.params]), self.params)]
+            for state, tensor in zip(out, full):
+                state[key] = tensor
+        return out
+
+    def set_param_states(self, states: list[dict]) -> None:
+        """The inverse of `param_states`: every parameter's state (its whole over the replicas), of which this
+        rank keeps its shard's elements."""
+        if not states or not states[0]:
+            return
+        mine = slice(self.rank * self.partition, (self.rank + 1) * self.partition)
+        shard_state = {}
+        for key, value in states[0].items():
+            if value.shape != self.params[0].shape:
+                shard_state[key] = value.clone()
+                continue
+            flat = torch.zeros_like(self.flat_params)
+            flat[:sum(p.numel() for p in self.params)].copy_(torch.cat([s[key].reshape(-1) for s in states]))
+            shard_state[key] = flat[mine].clone()
+        self.optimizer.state[self.shard] = shard_state
+

@@ -25,9 +25,10 @@ from shardlab.strategies.base import Strategy, build_optimizer
 from shardlab.strategies.composed.distributed_optimizer import DistributedOptimizer
 from shardlab.strategies.composed.parallelize import parallelize
 from shardlab.strategies.context_parallel import zigzag
-from shardlab.strategies.expert_parallel.moe import MoEConfig, TokenRanks, install_moe
+from shardlab.strategies.expert_parallel.moe import MoEConfig, TokenRanks, global_expert_name, install_moe
 from shardlab.strategies.mesh import all_reduce_gradients, average_gradients
 from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
+from shardlab.strategies.portable import Held, as_held, chunked
 
 
 class ComposedStrategy(Strategy):
@@ -218,49 +219,45 @@ class ComposedStrategy(Strategy):
         if self.probe:
             self.probe.resume_at(step)
 
-    def state_namespace(self):
-        """The rank's slice: its stage and TP shard, and with ZeRO-1 its optimizer partition over dp x cp."""
-        coords = self.mesh.get_coordinate()
-        sliced = ("pp", "tp", "ep", "dp", "cp") if self.distributed_optimizer else ("pp", "tp", "ep")
-        return "_".join(f"{dim}{c}" for dim, c in zip(self.mesh.mesh_dim_names, coords) if dim in sliced)
+    # --- the whole training state -----------------------------------------------------------
+    @property
+    def holds_every_parameter(self) -> bool:
+        return self.pipeline is None and not self.moe_layers  # else each rank its stages and experts
 
-    def _dcp_state(self):
+    def held_parameters(self):
+        """Each parameter under its whole model's name (a stage's under the unsplit model's, an expert under
+        its global index), split by FSDP2 over dp x cp (a DTensor) and by hand over tp."""
+        modules = self.pipeline.modules if self.pipeline else self.model
+        names = self.pipeline.hf_names if self.pipeline else {id(p): n for n, p in self.model.named_parameters()}
+        first = self.moe_layers[0].first_expert if self.moe_layers else 0
+        return [self._held(global_expert_name(names[id(p)], first), names[id(p)], p) for p in modules.parameters()]
+
+    def _held(self, name: str, local_name: str, param) -> Held:
+        replicas = as_held(name, param)
+        dim = self.parts.tp_shard_dims.get(local_name)
+        if dim is None:
+            return replicas
+        tp = chunked(name, param, dim, self.mesh["tp"].get_group())
+        return Held(name, param, tp.shape, whole=lambda t: tp.whole(replicas.whole(t)),
+                    cut=lambda w: replicas.cut(tp.cut(w)))
+
+    def optimizer_states(self, held):
         if not self.distributed_optimizer:
-            return super()._dcp_state()
-        # The optimizer steps a flat shard that is no model parameter: its state is saved as torch keeps it.
-        return {self.state_namespace(): {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}}
+            return super().optimizer_states(held)
+        optimizer = self.distributed_optimizer
+        by_param = dict(zip(map(id, optimizer.params), optimizer.param_states()))
+        return [by_param.get(id(h.param), {}) for h in held]
 
-    def load_state(self, folder):
+    def set_optimizer_states(self, held, states):
         if not self.distributed_optimizer:
-            return super().load_state(folder)
-        import torch.distributed.checkpoint as dcp
-
-        state = self._dcp_state()
-        dcp.load(state, checkpoint_id=folder)
-        mine = state[self.state_namespace()]
-        self.model.load_state_dict(mine["model"])  # copies into the parameters, views of the flat buffer
-        self.optimizer.load_state_dict(mine["optimizer"])
-
-    def whole_parameter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """A parameter's FSDP2 shards gathered over dp x cp, then its TP shards over `tp` (collectives)."""
-        tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        if name not in self.parts.tp_shard_dims:
-            return tensor
-        chunks = [torch.empty_like(tensor) for _ in range(self.tp_size)]
-        dist.all_gather(chunks, tensor.contiguous(), group=self.mesh["tp"].get_group())
-        return torch.cat(chunks, dim=self.parts.tp_shard_dims[name])
+            return super().set_optimizer_states(held, states)
+        by_param = {id(h.param): state for h, state in zip(held, states)}
+        self.distributed_optimizer.set_param_states([by_param[id(p)] for p in self.distributed_optimizer.params])
 
     def full_state_dict(self):
-        """The whole model on the main rank: pipeline stages gathered over the world, FSDP2 shards over
-        dp x cp, TP shards over tp."""
         if self.moe_layers:
             raise NotImplementedError("mixture-of-experts runs do not save a Hugging Face model (the MoE MLP is ours)")
-        if self.pipeline:
-            return self.pipeline.full_state_dict(self.topo.is_main, self.whole_parameter)
-        state = {}
-        for name, p in self.model.named_parameters():
-            state[name] = self.whole_parameter(name, p.detach()).cpu().clone()
-        return state if self.topo.is_main else None
+        return super().full_state_dict()
 
     def extra_metrics(self) -> dict:
         if not self.pipeline:

@@ -10,7 +10,6 @@ from shardlab.strategies.base import Strategy
 
 
 class TorchDDP(Strategy):
-    reshardable = True  # every rank holds the whole state: any world size resumes it
 
     def wrap(self, model):
         device_ids = [self.topo.device.index] if self.topo.device.type == "cuda" else None

@@ -16,7 +16,6 @@ from shardlab.strategies.data_parallel.comms import size_buckets
 
 class InterleavedDataParallel(Strategy):
     measures_comm = True
-    reshardable = True  # every rank holds the whole state: any world size resumes it
 
     def wrap(self, model):
         self._buckets = size_buckets(model, self.options.get("bucket_mb"))

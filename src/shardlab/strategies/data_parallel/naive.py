@@ -10,7 +10,6 @@ from shardlab.strategies.data_parallel.comms import GradientBucket
 
 class NaiveDataParallel(Strategy):
     measures_comm = True
-    reshardable = True  # every rank holds the whole state: any world size resumes it
 
     def wrap(self, model):
         self._bucket = GradientBucket("all", [p for p in model.parameters() if p.requires_grad])

@@ -27,6 +27,7 @@ only the last stage's logits, so each layer adds its loss's gradient in its own 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -215,3 +216,13 @@ def install_moe(model, cfg: MoEConfig, ep_group=None, ep_rank: int = 0, ep_size:
         layer.mlp = MoEMLP(model.config, cfg, i, ep_group, ep_rank, ep_size, tokens)
         moe_layers.append(layer.mlp)
     return moe_layers
+
+
+_LOCAL_EXPERT = re.compile(r"(\.experts\.)(\d+)(\.)")
+
+
+def global_expert_name(name: str, first_expert: int) -> str:
+    """A parameter's name in the whole mixture-of-experts model: this rank's local expert j is expert
+    first_expert + j (every layer holds the same range); other names are unchanged."""
+    return _LOCAL_EXPERT.sub(lambda m: f"{m[1]}{int(m[2]) + first_expert}{m[3]}", name)
+

@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from shardlab.strategies.base import Strategy, causal_lm_loss
 from shardlab.strategies.data_parallel.comms import GradientBucket
-from shardlab.strategies.expert_parallel.moe import MoEConfig, install_moe
+from shardlab.strategies.expert_parallel.moe import MoEConfig, global_expert_name, install_moe
+from shardlab.strategies.portable import as_held
 
 
 class _MixtureOfExperts(Strategy):
@@ -86,8 +87,11 @@ class ExpertParallelMoE(_MixtureOfExperts):
                                                          if p.requires_grad and id(p) not in expert_ids])
         return model
 
-    def state_namespace(self):
-        return f"ep_rank{self.topo.rank}"  # each rank's experts sit under the same module names
+    holds_every_parameter = False  # each rank its experts
+
+    def held_parameters(self):
+        first = self.moe_layers[0].first_expert
+        return [as_held(global_expert_name(name, first), p) for name, p in self.model.named_parameters()]
 
     def sync_gradients(self):
         with self.comm.blocked():

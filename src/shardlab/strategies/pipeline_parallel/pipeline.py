@@ -83,18 +83,6 @@ class Pipeline:
             self.schedule.eval(*args, target=target, losses=losses)
         return torch.stack(losses).mean() if losses else torch.zeros(())
 
-    def full_state_dict(self, is_main: bool, whole_parameter=lambda name, tensor: tensor):
-        """The whole model on the main rank, under the Hugging Face names: each rank's stages gathered
-        (collective over the world; data-parallel replicas send the same tensors, kept once).
-        `whole_parameter` undoes any other split of a parameter (a composed run's TP shards)."""
-        mine = {}
-        for p in self.modules.parameters():
-            name = self.hf_names[id(p)]
-            mine[name] = whole_parameter(name, p.detach()).cpu().clone()
-        everyone = [None] * dist.get_world_size() if is_main else None
-        dist.gather_object(mine, everyone, dst=0)
-        return {name: t for part in everyone for name, t in part.items()} if is_main else None
-
     def metrics(self) -> dict:
         return {"pp_schedule": type(self.schedule).__name__, "pp_size": self.size,
                 "pp_virtual_stages": self.virtual_stages, "pp_n_microbatches": self.n_microbatches,

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from shardlab.strategies.base import Strategy
+from shardlab.strategies.portable import as_held
 from shardlab.strategies.pipeline_parallel.options import DEFAULT_MICROBATCHES
 from shardlab.strategies.pipeline_parallel.pipeline import build_pipeline
 from shardlab.strategies.pipeline_parallel.probe import PipelineProbe
@@ -62,14 +63,13 @@ class GPipeStrategy(Strategy):
         return losses / self.dp_size
 
     # --- checkpoints and results ----------------------------------------------------------
-    def state_namespace(self):
-        return f"stage_rank{self.pipeline.rank}"  # this rank's stages; data-parallel replicas of them share it
-
     def resume_at(self, step):
         self.probe.resume_at(step)
 
-    def full_state_dict(self):
-        return self.pipeline.full_state_dict(self.topo.is_main)
+    holds_every_parameter = False  # each rank its stages
+
+    def held_parameters(self):
+        return [as_held(self.pipeline.hf_names[id(p)], p) for p in self.pipeline.modules.parameters()]
 
     def extra_metrics(self) -> dict:
         self.probe.measure_after_training(self.zero_grad)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlab.strategies.base import Strategy, causal_lm_loss
+from shardlab.strategies.portable import as_held, chunked
 from shardlab.strategies.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from shardlab.strategies.tensor_parallel.comms import (
     copy_to_tp, gather_last_dim, reduce_from_tp, reduce_scatter_sequence, sequence_gathered_linear, split_sequence)
@@ -150,32 +151,18 @@ class TensorParallelStrategy(Strategy):
 
     dp_rank, dp_size = 0, 1  # every TP rank sees the whole global batch
 
-    def _whole(self, param: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
-        """Reassemble `tensor` (the parameter itself or its gradient) from every rank's shard."""
-        if hasattr(tensor, "full_tensor"):
-            return tensor.full_tensor()
-        if hasattr(param, "tp_shard_dim"):
-            group = self.tp_group()
-            chunks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(chunks, tensor.contiguous(), group=group)
-            return torch.cat(chunks, dim=param.tp_shard_dim)
-        return tensor
+    def held_parameters(self):
+        """Hand-cut shards keep the whole model's module names; DTensor shards say their own cut."""
+        return [chunked(name, p, p.tp_shard_dim, self.tp_group()) if hasattr(p, "tp_shard_dim") else as_held(name, p)
+                for name, p in self.model.named_parameters()]
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Every parameter's whole gradient (collective; call after sync_gradients), for parity checks."""
-        return {name: self._whole(p, p.grad).detach().clone() for name, p in self.model.named_parameters()}
-
-    def full_state_dict(self):
-        # Collective: every rank joins the gathers; only the main rank keeps the result.
-        state = {name: self._whole(p, p.detach()).cpu().clone() for name, p in self.model.named_parameters()}
-        return state if self.topo.is_main else None
+        return {h.name: h.whole(h.param.grad).detach().clone() for h in self.held_parameters()}
 
 
 class HandTensorParallel(TensorParallelStrategy):
     sequence_parallel = False
-
-    def state_namespace(self):
-        return f"tp_rank{self.topo.rank}"  # hand-cut shards keep the unsharded modules' names
 
     def wrap(self, model):
         self._group = self.tp_group()

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from shardlab.strategies.base import Strategy, causal_lm_loss, build_optimizer
+from shardlab.strategies.portable import Held, IncompatibleCheckpoint
 from shardlab.strategies import get_spec
 from shardlab.strategies.zero.settings import deepspeed_config, rung_settings
 
@@ -160,15 +160,71 @@ class DeepSpeedZero(Strategy):
                 "zero_stage": self.stage, "offload_optimizer": self.settings["offload_optimizer"],
                 "offload_param": self.settings["offload_param"]}
 
-    def save_state(self, folder: Path) -> None:
-        """DeepSpeed's own checkpoint: each rank writes its partition of parameters and optimizer
-        state (fp32 master weights included); collective."""
-        self.engine.save_checkpoint(str(folder), tag="state")
+    # --- the whole training state, through DeepSpeed's own accessors -------------------------
+    @property
+    def _inner_optimizer(self):
+        return getattr(self._ds_optimizer, "optimizer", self._ds_optimizer)  # ZeRO wraps our torch optimizer
 
-    def load_state(self, folder: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(folder), tag="state")
-        if path is None:
-            raise RuntimeError(f"DeepSpeed found no checkpoint in {folder}")
+    def _plain_optimizer(self) -> bool:
+        """Stage 0 in fp32: DeepSpeed steps our torch optimizer over the module's own parameters."""
+        if self.stage > 0:
+            return False
+        if not isinstance(self._ds_optimizer, torch.optim.Optimizer):
+            raise IncompatibleCheckpoint(f"{self.name} in {self.training['dtype']}: DeepSpeed's "
+                                         f"{type(self._ds_optimizer).__name__} keeps the fp32 master weights, and "
+                                         "it has no whole-state accessors (stages 1-3 do)")
+        return True
+
+    def held_parameters(self):
+        """The module's parameters, whole or (stage 3) partitioned: then `ds_shape` is their whole shape."""
+        return [Held(name, p, torch.Size(getattr(p, "ds_shape", p.shape)), cut=lambda w, p=p: w.to(p.device))
+                for name, p in self.engine.module.named_parameters()]
+
+    def whole_state(self, held, with_optimizer=True):
+        """The fp32 master weights and the optimizer's states of each parameter, whole: DeepSpeed's
+        safe_get_full_* accessors (stage 3 gathers: collective). AdamW's step count is the inner optimizer's."""
+        if self._plain_optimizer():
+            return super().whole_state(held, with_optimizer)
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        stepped = next(iter(self._inner_optimizer.state.values()), {}) if with_optimizer else {}
+        out = []
+        for h in held:
+            states = {k: safe_get_full_optimizer_state(h.param, k) for k, v in stepped.items() if k != "step"}
+            out.append((safe_get_full_fp32_param(h.param), dict(states, step=stepped["step"]) if stepped else {}))
+        return out
+
+    def restore(self, held, read):
+        """Master weights and optimizer states set through DeepSpeed's safe_set_full_* (each rank keeps its
+        partition); the module's own parameters too (stage 3: gathered, set, partitioned again)."""
+        if self._plain_optimizer():
+            return super().restore(held, read)
+        import deepspeed
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        wholes = [read(h.name) for h in held]
+        states = wholes[0][1] if wholes else {}
+        if states:
+            self._create_optimizer_state(states)
+        for h, (param, optimizer) in zip(held, wholes):
+            param = param.to(self.topo.device)
+            safe_set_full_fp32_param(h.param, param)
+            with deepspeed.zero.GatheredParameters([h.param], modifier_rank=0, enabled=self.stage == 3):
+                h.param.data.copy_(param)
+            for key, value in optimizer.items():
+                if key != "step":
+                    safe_set_full_optimizer_state(h.param, value.to(self.topo.device), key)
+
+    def _create_optimizer_state(self, like: dict) -> None:
+        """DeepSpeed's optimizer creates its state in its first step: make it now (the keys of `like`, zeros to
+        be overwritten, its step count), over the fp32 master partitions the inner optimizer steps, and link it to the
+        parameters' fragments (stages 1-2) so that the setters find it."""
+        inner = self._inner_optimizer
+        for flat in self._master_partitions():
+            inner.state[flat] = {k: v.clone() if k == "step" else torch.zeros_like(flat) for k, v in like.items()}
+        if hasattr(self._ds_optimizer, "_lazy_init_hp_params_optimizer_state"):
+            self._ds_optimizer._hp_optimizer_states_linked = False
+            self._ds_optimizer._lazy_init_hp_params_optimizer_state()
 
     def full_state_dict(self) -> dict | None:
         """The unsharded weights on rank 0 (stage 3 gathers the partitions); None on other ranks."""

@@ -26,7 +26,6 @@ def transformer_blocks(model) -> list:
 
 class FSDP2(Strategy):
     reshard_after_forward = True
-    reshardable = True  # DTensor shards with global names: DCP re-cuts them for another world size
 
     def wrap(self, model):
         mesh = self.topo.mesh(dp=self.topo.world_size)
@@ -51,13 +50,6 @@ class FSDP2(Strategy):
         from shardlab.strategies.zero.deepspeed import device_memory_bytes
 
         return dict(super().state_bytes(), device_memory_bytes=device_memory_bytes(self.topo.device))  # local shards
-
-    def full_state_dict(self):
-        """The unsharded weights on rank 0, gathered to CPU (every rank must call it)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if self.topo.is_main else None
 
 
 class FSDP2Full(FSDP2):

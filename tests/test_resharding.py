@@ -1,0 +1,184 @@
+"""A checkpoint resumes under any plan (`training.resume_from`), under real torchrun: plan A trains with
+AdamW and keeps its checkpoint after step 2; plan B (another family, other degrees, often another world
+size) loads it, resharding on load, and trains steps 3-5. B's losses there must match A's uninterrupted
+run within the float32 parity rule (the reduction order changed with the plan, nothing else did); with
+the optimizer's state dropped on load they must not. Checkpoints another training wrote, or whose
+parameters the plan cannot hold, are refused by name before training starts."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+
+from helpers import ADAMW_OVERRIDES, MOE_OPTIONS, TEST_EXPERIMENT, assert_losses_match, launch_test_run
+from shardlab.config import deep_merge
+from shardlab.runner.checkpoint import Checkpointer, differences, trajectory
+from shardlab.runner.launch import checkpoint_dir
+from shardlab.strategies import REGISTRY
+from shardlab.strategies.portable import Held, IncompatibleCheckpoint, check_names
+
+AT = 3  # A checkpoints after step 2 (checkpoint_every 3); B trains steps 3-5
+ADAMW = ADAMW_OVERRIDES  # the optimizer's state matters (SGD without momentum, the other tests' optimizer, has none)
+MOE = {name: MOE_OPTIONS for name in ("moe_single", "ep_moe")}
+
+# A -> B: (strategy, its overrides). Every multi-process family is on one side at least; the issue's named
+# pairs are here (DeepSpeed ZeRO-3 -> FSDP2, TP+SP -> PP, composed -> single, 4 ranks -> 2 ranks).
+PAIRS = {
+    "zero3 -> fsdp2_full": (("zero3", {}), ("fsdp2_full", {})),
+    "tp_sp -> pp_1f1b": (("tp_sp", {}), ("pp_1f1b", {"strategy_options": {"pp_1f1b": {"n_microbatches": 2}}})),
+    "composed zero1 dp2 tp2+sp (4) -> single": (
+        ("composed", {"strategy_options": {"composed": {"world_size": 4, "tp": 2, "sp": True, "dp_shard": "zero1"}}}),
+        ("single", {})),
+    "ddp (4) -> tp (2)": (("ddp", {"launch": {"world_size": 4}}), ("tp", {})),
+    "fsdp2_full -> zero2": (("fsdp2_full", {}), ("zero2", {})),
+    "single -> zero3": (("single", {}), ("zero3", {})),
+    "hybrid_dp_pp (4) -> cp_ring": (
+        ("hybrid_dp_pp", {"strategy_options": {"hybrid_dp_pp": {"world_size": 4, "n_microbatches": 2}}}),
+        ("cp_ring", {})),
+    "cp_ring -> composed pp2 tp2+sp (4)": (
+        ("cp_ring", {}),
+        ("composed", {"strategy_options": {"composed": {"world_size": 4, "tp": 2, "sp": True, "pp": 2,
+                                                        "n_microbatches": 2}}})),
+    "ep_moe -> moe_single": (("ep_moe", {"strategy_options": MOE}), ("moe_single", {"strategy_options": MOE})),
+}
+CAN_FAIL = "zero3 -> fsdp2_full"
+
+
+def _losses(steps):
+    return [s["loss"] for s in steps]
+
+
+@pytest.fixture(scope="session")
+def plan_a(tiny_assets, tmp_path_factory):
+    """run(strategy, overrides) -> (uninterrupted losses, its checkpoint after step AT - 1): A's run, once."""
+    cache = {}
+
+    def run(strategy, overrides):
+        key = (strategy, repr(overrides))
+        if key not in cache:
+            root = tmp_path_factory.mktemp(f"a-{strategy}")
+            settings = deep_merge(copy.deepcopy(ADAMW), overrides)
+            settings = deep_merge(settings, {"training": {"checkpoint_every": AT, "keep_checkpoints": True}})
+            summary, steps = launch_test_run(tiny_assets, root, strategy, settings)
+            assert summary["status"] == "ok", summary["reason"]
+            folder = checkpoint_dir(root / "runs" / strategy, strategy) / f"step-{AT - 1:08d}"
+            assert folder.is_dir()
+            cache[key] = (_losses(steps), folder)
+        return cache[key]
+
+    return run
+
+
+def resume_b(tiny_assets, root, strategy, overrides, folder, **training):
+    settings = deep_merge(deep_merge(copy.deepcopy(ADAMW), overrides),
+                          {"training": {"resume_from": str(folder), **training}})
+    return launch_test_run(tiny_assets, root, strategy, settings)
+
+
+def test_every_multi_process_family_is_on_a_side():
+    families = {spec.family for spec in REGISTRY.values() if not spec.single_process}
+    covered = {REGISTRY[name].family for (a, _), (b, _) in PAIRS.values() for name in (a, b)}
+    assert families <= covered
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("pair", PAIRS)
+def test_a_checkpoint_resumes_under_another_plan(pair, plan_a, tiny_assets, tmp_path):
+    (a, a_overrides), (b, b_overrides) = PAIRS[pair]
+    uninterrupted, folder = plan_a(a, a_overrides)
+    summary, steps = resume_b(tiny_assets, tmp_path, b, b_overrides, folder)
+    assert summary["status"] == "ok", summary["reason"]
+    assert [s["step"] for s in steps] == list(range(TEST_EXPERIMENT["training"]["steps"]))
+    resumed = summary["resumes"]
+    assert [(r["from_step"], r["written_by"]["strategy"]) for r in resumed] == [(AT, a)]
+    assert _losses(steps)[:AT] == uninterrupted[:AT]  # A's records, carried over
+    assert_losses_match(_losses(steps)[AT:], uninterrupted[AT:])  # B's own steps: A's trajectory, continued
+
+
+@pytest.mark.torchrun
+def test_a_resume_without_the_optimizer_state_fails_the_check(plan_a, tiny_assets, tmp_path):
+    """The can-fail case: the same pair with AdamW's moments and step count dropped on load leaves the
+    trajectory, by far more than the rule allows."""
+    (a, a_overrides), (b, b_overrides) = PAIRS[CAN_FAIL]
+    uninterrupted, folder = plan_a(a, a_overrides)
+    summary, steps = resume_b(tiny_assets, tmp_path, b, b_overrides, folder, fault_injection="drop_optimizer_state")
+    assert summary["status"] == "ok", summary["reason"]
+    assert [r["from_step"] for r in summary["resumes"]] == [AT]
+    with pytest.raises(AssertionError, match="max \\|loss - reference\\|"):
+        assert_losses_match(_losses(steps)[AT:], uninterrupted[AT:])
+
+
+@pytest.mark.torchrun
+def test_a_checkpoint_of_another_training_is_refused_by_name(plan_a, tiny_assets, tmp_path):
+    """Another optimizer, and another model (a mixture of experts' state into the dense model): the run
+    fails before its first step, naming what differs."""
+    (a, a_overrides), _ = PAIRS[CAN_FAIL]
+    _, folder = plan_a(a, a_overrides)
+    started = time.monotonic()
+    summary, steps = resume_b(tiny_assets, tmp_path / "sgd", "fsdp2_full", {"training": {"optimizer": "sgd"}}, folder)
+    assert summary["status"] == "failed" and steps == []
+    assert "training.optimizer: 'adamw' in the checkpoint, 'sgd' in this run" in summary["reason"], summary["reason"]
+
+    _, moe_folder = plan_a(*PAIRS["ep_moe -> moe_single"][0])
+    summary, steps = resume_b(tiny_assets, tmp_path / "dense", "ddp", {}, moe_folder)
+    assert summary["status"] == "failed" and steps == []
+    assert "experts: " in summary["reason"], summary["reason"]
+    assert time.monotonic() - started < 120
+
+
+def test_trajectory_differences_name_each_field():
+    exp = copy.deepcopy(TEST_EXPERIMENT)
+    base = trajectory(exp, "ddp")
+    assert differences(base, trajectory(deep_merge(exp, {"launch": {"world_size": 4}}), "fsdp2_full")) == []
+    assert differences(base, trajectory(deep_merge(exp, {"training": {"checkpoint_every": 2, "resume_from": "x"}}),
+                                        "tp")) == []
+    assert differences(base, trajectory(deep_merge(exp, {"model": {"hidden_size": 32}}), "ddp")) == [
+        "model.hidden_size: 64 in the checkpoint, 32 in this run"]
+    assert differences(base, trajectory(deep_merge(exp, {"data": {"max_documents": 10}}), "ddp")) == [
+        "data.max_documents: 2000 in the checkpoint, 10 in this run"]
+    moe = trajectory(deep_merge(exp, {"strategy_options": MOE}), "ep_moe")
+    assert differences(moe, trajectory(deep_merge(exp, {"strategy_options": MOE}), "moe_single")) == []
+    assert differences(base, moe)[0].startswith("experts: None in the checkpoint")
+
+
+class _Holding:
+    """A strategy as the name check sees it: what it holds."""
+
+    name, holds_every_parameter = "target", True
+
+    def __init__(self, shapes):
+        import torch
+
+        self.held = [Held(name, torch.empty(shape), torch.Size(shape)) for name, shape in shapes.items()]
+
+    def held_parameters(self):
+        return self.held
+
+
+def test_parameters_the_plan_cannot_hold_are_named():
+    stored = {"a.weight": (4, 2), "b.weight": (3,), "experts.0.w": (2, 2)}
+    check_names(_Holding(stored), set(stored), stored)  # the same: nothing said
+    with pytest.raises(IncompatibleCheckpoint) as err:
+        check_names(_Holding({"a.weight": (4, 4), "b.weight": (3,), "c.bias": (1,)}), set(stored), stored)
+    message = str(err.value)
+    assert "lacks 1 parameter(s) the target holds (c.bias)" in message
+    assert "no place for 1 of the checkpoint's parameter(s) (experts.0.w)" in message
+    assert "a.weight (4, 2) in the checkpoint, (4, 4) in the target" in message
+
+
+def test_a_run_skips_its_own_checkpoints_of_other_settings(tmp_path, capsys):
+    import json
+
+    def folder(name, key):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps({"resume_key": key, "world_size": 2}))
+
+    mine = Checkpointer(tmp_path, 2, {"model": 1}, 0, 4)
+    folder("step-00000001", mine.key)
+    folder("step-00000005", "other settings")
+    (tmp_path / ".step-00000009.partial").mkdir()  # a crash while writing
+    assert mine.latest() == (1, tmp_path / "step-00000001")  # written by 2 ranks: resumed by 4 all the same
+    out = capsys.readouterr().out
+    assert "incomplete" in out and "other settings" in out
