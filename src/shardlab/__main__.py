@@ -27,6 +27,8 @@ COMMANDS = {
                      "time an experiment's strategies side by side in rotated rounds (the speed claims' evidence)"),
     "parity-sensitivity": ("shardlab.bench.parity_sensitivity:main",
                            "how far each dtype's loss moves under injected errors (what parity can see)"),
+    "resharding": ("shardlab.bench.resharding:main",
+                   "train a plan, then continue its checkpoint under other plans (resharded on load)"),
     "evaluate-science": ("shardlab.science.evaluate:main", "score the science runs' models on their test splits"),
     "plan": ("shardlab.costs.planner:main", "predict a parallel plan's memory and step time (evaluate) or rank all plans (search)"),
     "plan-export": ("shardlab.strategies.composed.export:main",

@@ -8,6 +8,10 @@ from shardlab.bench.parity_sensitivity import strategies as sensitivity_strategi
 
 SENSITIVITY = config.get("parity_sensitivity")
 SENSITIVITY_LOSSES = [f"{RESULTS}/parity_sensitivity/parity_sensitivity_losses.csv"] if SENSITIVITY else []
+# A checkpoint resumed under other plans (config resharding; absent: not run): one job of several launches,
+# shardlab.bench.resharding.
+RESHARDING = config.get("resharding")
+RESHARDING_LOSSES = [f"{RESULTS}/resharding/resharding_losses.csv"] if RESHARDING else []
 
 RUNS_TABLES = table_files(
     "runs",
@@ -23,6 +27,7 @@ RUNS_TABLES = table_files(
     "strategies",
     "mechanisms",
     *(["parity_sensitivity", "parity_caught"] if SENSITIVITY else []),
+    *(["resharding"] if RESHARDING else []),
 )
 
 
@@ -32,7 +37,7 @@ rule runs_tables:
         metrics=[f"{run_dir(exp, s)}/metrics.jsonl" for exp, s in RUNS],
         experiments=[settings_file(exp) for exp in EXPERIMENTS],
         models=sorted({model_record(exp) for exp in EXPERIMENTS}),
-        tables=SENSITIVITY_LOSSES,
+        tables=SENSITIVITY_LOSSES + RESHARDING_LOSSES,
         code=sources_of("tables.runs"),
     output:
         RUNS_TABLES,
@@ -73,6 +78,32 @@ if SENSITIVITY:
             "python -m shardlab parity-sensitivity --experiment-config {input.settings}"
             " --model-dir {params.model_dir} --tokens {input.tokens} --dtypes {params.dtypes}"
             " --timeout-s {params.timeout} --out {output} > {log} 2>&1"
+
+
+if RESHARDING:
+
+    rule resharding:
+        input:
+            settings=settings_file(RESHARDING["experiment"]),
+            model=model_record(RESHARDING["experiment"]),
+            tokens=tokens_path(RESHARDING["experiment"]),
+            code=sources_of("bench.resharding")
+            + sorted({f for s in [RESHARDING["plan"], *RESHARDING["resume_under"]] for f in run_sources(s)}),
+        output:
+            RESHARDING_LOSSES,
+        log:
+            f"{RESULTS}/logs/resharding.log",
+        priority: MANY_CORES
+        conda:
+            ENV
+        # Locally all cores, like a run: its launches train while nothing else shares the CPUs.
+        threads: job_threads(launch_threads(EXPERIMENTS[RESHARDING["experiment"]]["launch"], 2))
+        params:
+            model_dir=lambda w, input: os.path.dirname(input.model),
+            settings=json.dumps(RESHARDING),
+        shell:
+            "python -m shardlab resharding --experiment-config {input.settings} --model-dir {params.model_dir}"
+            " --tokens {input.tokens} --settings {params.settings:q} --out {output} > {log} 2>&1"
 
 
 # Paired timing: an experiment's parallel strategies timed side by side in rotated rounds, in one launch

@@ -24,6 +24,35 @@ def parity(parity_runs: pd.DataFrame) -> str:
             + " Each run's largest loss deviation (point) against its tolerance (tick), log scale.")
 
 
+def resharding(table: pd.DataFrame) -> str:
+    """resharding.csv: one plan's checkpoint resumed under others, each against the uninterrupted run and the
+    single-device reference."""
+    plan = table[table["role"] == "uninterrupted"].iloc[0]
+    where = f"{plan.strategy} on {plan.world_size:.0f} ranks"
+    if plan.status != "ok":
+        return f"{where} was to write the checkpoint the other plans resume, and failed: {plan.reason}."
+    resumed = table[table["role"] == "resumed"]
+    ok = resumed[resumed["status"] == "ok"]
+    verdicts = ok["within_tolerance"].map({True: "within", False: "outside"}).fillna("undecided")
+    text = (f"A checkpoint written by {where} after step {ok['from_step'].min() - 1:.0f} was loaded under "
+            + ", ".join(f"{r.strategy} on {r.world_size:.0f} ranks" for r in resumed.itertuples())
+            + ", each cutting its own shards from the same whole tensors. ")
+    if len(ok):
+        text += (f"{int((verdicts == 'within').sum())} of {len(resumed)} continue the uninterrupted run's losses within the "
+                 f"float32 rule (largest deviation {ok['max_loss_deviation'].max():.1e} against a tolerance of "
+                 f"{ok['tolerance'].min():.1e})")
+        judged = table.dropna(subset=["reference_deviation"])
+        if len(judged):
+            close = truthy(judged["within_reference_tolerance"])
+            text += (f"; {int(close.sum())} of {len(judged)} curves, the uninterrupted one included, stay within their "
+                     f"single-device reference's tolerance")
+        text += "."
+    failed = resumed[resumed["status"] != "ok"]
+    if len(failed):
+        text += " " + " ".join(f"{r.strategy} failed: {r.reason}." for r in failed.itertuples())
+    return text
+
+
 def pipeline_bubble(judged: pd.DataFrame) -> str:
     """One row per pipeline run (its bottleneck rank) with `idle_error`, `idle_tolerance`, `follows_theory`."""
     held = truthy(judged["follows_theory"])

@@ -286,3 +286,46 @@ def sensitivity_rows(losses: pd.DataFrame, experiments: dict[str, dict]) -> pd.D
                          "as_expected": case["expected"] in (outcome, "either") and outcome != "undecided"})
     return pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
 
+
+RESHARDING_COLUMNS = ["experiment", "role", "strategy", "world_size", "written_by", "written_on", "from_step", "status",
+                      "reason", "steps_compared", "max_loss_deviation", "tolerance", "within_tolerance", "reference",
+                      "reference_deviation", "reference_tolerance", "within_reference_tolerance"]
+
+
+def resharding_rows(losses: pd.DataFrame, experiments: dict[str, dict], summaries: list[dict]) -> pd.DataFrame:
+    """A checkpoint resumed under other plans (`bench.resharding`'s per-step losses): each resumed plan's own
+    steps against the uninterrupted plan's same steps, and every run's whole curve against the experiment's
+    single-device reference, each by the parity rule (an undecided tolerance leaves the verdict empty)."""
+    rows = []
+    for experiment, part in losses.groupby("experiment", sort=False):
+        training = experiments[experiment]["training"]
+        tokens, dtype = tokens_per_step(training), training["dtype"]
+        whole = {strategy: curve.sort_values("step") for strategy, curve in part.groupby("strategy", sort=False)}
+        plan = part.loc[part["role"] == "uninterrupted", "strategy"].iloc[0]
+        uninterrupted = whole[plan]
+        reference_name = REGISTRY[plan].reference
+        reference = next((s for s in summaries if (s["experiment"], s["strategy"]) == (experiment, reference_name)
+                          and s["status"] == "ok"), None)
+        for strategy, curve in whole.items():
+            first = curve.iloc[0]
+            row = {key: first[key] for key in ("experiment", "role", "strategy", "world_size", "written_by", "written_on",
+                                               "from_step", "status", "reason")}
+            if first["status"] != "ok" or uninterrupted.iloc[0]["status"] != "ok":
+                rows.append(row)
+                continue
+            if first["role"] == "resumed":
+                start = int(first["from_step"])
+                own, base = (c.loc[c["step"] >= start, "loss"].tolist() for c in (curve, uninterrupted))
+                allowed = loss_tolerance(base, tokens, dtype)
+                deviation = max_deviation(own, base)
+                row.update(steps_compared=len(own), max_loss_deviation=deviation, tolerance=allowed.value,
+                           within_tolerance=within(deviation, allowed))
+            if reference is not None:
+                ref = [r["loss"] for r in reference["step_log"]]
+                allowed = loss_tolerance(ref, tokens, dtype)
+                deviation = max_deviation(curve["loss"].tolist(), ref)
+                row.update(reference=reference_name, reference_deviation=deviation, reference_tolerance=allowed.value,
+                           within_reference_tolerance=within(deviation, allowed))
+            rows.append(row)
+    return pd.DataFrame(rows, columns=RESHARDING_COLUMNS)
+

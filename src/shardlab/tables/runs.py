@@ -13,6 +13,8 @@
 - parity_rule: the rule's constants (one row), for the report
 - parity_sensitivity (when the study has `parity_sensitivity`): the same rule against errors injected
   on purpose, per dtype (`bench.parity_sensitivity`); parity_caught: how many it caught, and the smallest
+- resharding (when the study has `resharding`): a checkpoint resumed under other plans (`bench.resharding`),
+  each resumed curve against the uninterrupted one and the single-device reference, by the same rule
 - environments: the distinct software/hardware environments the finished runs ran in
 - launch_cost: where a launch's time goes, per phase (`startup` in each summary: agent start, rendezvous
   and spawn, the ranks' imports, process group, model load, strategy set-up, data and resume, training,
@@ -31,7 +33,7 @@ from shardlab.core.step_stats import timed_steps
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 from shardlab.tables.mechanisms import mechanisms, strategies
-from shardlab.tables.parity import parity_rows, rule_rows, sensitivity_rows
+from shardlab.tables.parity import parity_rows, resharding_rows, rule_rows, sensitivity_rows
 from shardlab.tables.rank_predictions import STATES, of_run, rank_predictions
 
 RUN_KEYS = ("experiment", "strategy", "status")
@@ -165,6 +167,8 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     if "parity_sensitivity_losses" in inputs.tables:  # the rule against injected errors (bench.parity_sensitivity)
         tables["parity_sensitivity"] = sensitivity_rows(inputs.tables["parity_sensitivity_losses"], inputs.experiments)
         tables["parity_caught"] = caught_per_dtype(tables["parity_sensitivity"])
+    if "resharding_losses" in inputs.tables:  # a checkpoint resumed under other plans (bench.resharding)
+        tables["resharding"] = resharding_rows(inputs.tables["resharding_losses"], inputs.experiments, inputs.summaries)
     tables["environments"] = environments(tables["runs"])
     tables["launch_cost"] = launch_cost(tables["runs"])
     tables["experiments"] = experiments(tables["runs"])
