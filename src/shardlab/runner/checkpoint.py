@@ -200,7 +200,7 @@ class Checkpointer:
         stored = Stored(path, optimizer)
         if foreign:
             self.check(stored)
-        check_names(strategy, set(stored.shapes()), stored.shapes())
+        check_names(strategy, stored.shapes())
         strategy.restore(strategy.held_parameters(), stored)
         strategy.resume_at(stored.meta["step"] + 1)
         rng = path / f"rng_rank{self.rank}.pt"

@@ -22,7 +22,7 @@ from torch import nn
 
 from shardlab.core.topology import Topology
 from shardlab.strategies import portable
-from shardlab.strategies.portable import Held, as_held
+from shardlab.strategies.portable import Held, as_held, local_tensor
 from shardlab.strategies.recompute import apply_recompute
 
 
@@ -36,11 +36,6 @@ def build_optimizer(params, training: dict) -> torch.optim.Optimizer:
     if training["optimizer"] == "sgd":
         return torch.optim.SGD(params, lr=training["lr"], weight_decay=training["weight_decay"])
     return torch.optim.AdamW(params, lr=training["lr"], weight_decay=training["weight_decay"])
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The shard this rank holds (DTensor) or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def tensor_bytes(tensors) -> int:
@@ -240,7 +235,7 @@ class Strategy:
         with torch.no_grad():
             for h in held:
                 param, optimizer = read(h.name)
-                portable.local(h.param).copy_(portable.local(h.cut(param)))
+                local_tensor(h.param).copy_(local_tensor(h.cut(param)))
                 states.append(portable.cut_states(h, optimizer))
         self.set_optimizer_states(held, states)
 

@@ -1,8 +1,8 @@
 """The plan-independent training state: every parameter and its optimizer state (AdamW's moments and
 step count) under the model's own names, whole, whatever plan held it. A strategy says what each rank
 holds (`Strategy.held_parameters`: one `Held` per parameter, with how to make it whole and how to cut
-this rank's piece from the whole); `gather` and `restore` do the rest, so that a checkpoint written by
-one plan loads into any other: the cut is the reshard.
+this rank's piece from the whole); `gather` and `Strategy.restore` do the rest, so that a checkpoint
+written by one plan loads into any other: the cut is the reshard.
 
 Whole tensors on the main rank are the simple layout for the models this study trains on one host;
 at scale a checkpoint would keep DCP shards with global offsets instead (torchtitan, Megatron-Core).
@@ -63,12 +63,13 @@ def chunked(name: str, param: torch.Tensor, dim: int, group) -> Held:
                 cut=lambda w: w.chunk(size, dim=dim)[rank].to(param.device).contiguous())
 
 
-def local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The shard this rank holds (DTensor) or the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _to_cpu(t: torch.Tensor) -> torch.Tensor:
-    return local(t).detach().to("cpu", copy=True).contiguous()
+    return local_tensor(t).detach().to("cpu", copy=True).contiguous()
 
 
 @dataclass
@@ -86,7 +87,9 @@ def gather(strategy, with_optimizer: bool = True) -> State | None:
     """The whole state on the main rank (None elsewhere); collective: every rank calls it."""
     held = strategy.held_parameters()
     wholes = strategy.whole_state(held, with_optimizer)
-    mine = {h.name: (_to_cpu(p), {k: _to_cpu(v) for k, v in states.items()}) for h, (p, states) in zip(held, wholes)}
+    keeps = strategy.topo.is_main or not strategy.holds_every_parameter
+    mine = {h.name: (_to_cpu(p), {k: _to_cpu(v) for k, v in states.items()})
+            for h, (p, states) in zip(held, wholes)} if keeps else {}
     if not strategy.holds_every_parameter:  # pipeline stages, experts: the main rank collects the others'
         everyone = [None] * dist.get_world_size() if strategy.topo.is_main else None
         dist.gather_object(mine, everyone, dst=0)
@@ -109,16 +112,16 @@ def cut_states(h: Held, states: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return {k: h.cut(v) if v.shape == h.shape else v.clone() for k, v in states.items()}
 
 
-def check_names(strategy, names: set[str], shapes: dict[str, tuple]) -> None:
-    """The target must hold exactly the checkpoint's parameters with their shapes: a clear error naming the
-    differences otherwise (before anything is loaded). Collective."""
+def check_names(strategy, shapes: dict[str, tuple]) -> None:
+    """The target must hold exactly the checkpoint's parameters (`shapes`: name -> whole shape) with their
+    shapes: a clear error naming the differences otherwise (before anything is loaded). Collective."""
     held = {h.name: tuple(h.shape) for h in strategy.held_parameters()}
     if not strategy.holds_every_parameter:
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, held)
         held = {name: shape for part in everyone for name, shape in part.items()}
-    missing, extra = sorted(set(held) - names), sorted(names - set(held))
-    reshaped = sorted(n for n in set(held) & names if held[n] != tuple(shapes[n]))
+    missing, extra = sorted(set(held) - set(shapes)), sorted(set(shapes) - set(held))
+    reshaped = sorted(n for n in set(held) & set(shapes) if held[n] != tuple(shapes[n]))
     problems = []
     if missing:
         problems.append(f"the checkpoint lacks {len(missing)} parameter(s) the target holds ({', '.join(missing[:3])})")
