@@ -11,13 +11,16 @@ import copy
 import time
 
 import pytest
+import yaml
 
-from helpers import ADAMW_OVERRIDES, MOE_OPTIONS, TEST_EXPERIMENT, assert_losses_match, launch_test_run
+from helpers import ADAMW_OVERRIDES, MOE_OPTIONS, REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
 from shardlab.config import deep_merge
+from shardlab.errors import ConfigError
 from shardlab.runner.checkpoint import Checkpointer, differences, trajectory
 from shardlab.runner.launch import checkpoint_dir
 from shardlab.strategies import REGISTRY
 from shardlab.strategies.portable import Held, IncompatibleCheckpoint, check_names
+from shardlab.study import load_study
 
 AT = 3  # A checkpoints after step 2 (checkpoint_every 3); B trains steps 3-5
 ADAMW = ADAMW_OVERRIDES  # the optimizer's state matters (SGD without momentum, the other tests' optimizer, has none)
@@ -186,3 +189,20 @@ def test_a_run_skips_its_own_checkpoints_of_other_settings(tmp_path, capsys):
     assert mine.latest() == (1, tmp_path / "step-00000001")  # written by 2 ranks: resumed by 4 all the same
     out = capsys.readouterr().out
     assert "incomplete" in out and "other settings" in out
+
+
+@pytest.mark.parametrize("change, field, problem", [
+    ({"experiment": "nope"}, "resharding.experiment", "no experiment named 'nope'"),
+    ({"plan": "tp_5d"}, "resharding.plan", "unknown strategy 'tp_5d'"),
+    ({"at_step": 6}, "resharding.at_step", "the resumed plans would train none"),
+    ({"resume_under": ["tp_sp", "ep_moe"]}, "resharding.resume_under[1]", "cannot hold its checkpoint"),
+    ({"strategy_options": {"pp_1f1b": {}}}, "resharding.strategy_options.pp_1f1b", "does not run"),
+    ({"strategy_options": {"tp_sp": {"world_size": 3}}}, "resharding.strategy_options.tp_sp.world_size", ""),
+])
+def test_the_resharding_block_is_checked_before_anything_runs(change, field, problem):
+    config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    config["resharding"].update(change)
+    with pytest.raises(ConfigError) as err:
+        load_study(config, base_dir=REPO)
+    assert err.value.field == field, str(err.value)
+    assert problem in str(err.value)

@@ -124,6 +124,13 @@ def test_dag_end_to_end_on_reduced_config(reduced_study):
     assert len(guide) >= 2 and guide["holds"].str.fullmatch(r"\d\.\d\d( · \d\.\d\d){3}").all(), guide["holds"]
     assert guide["communicates"].str.contains("MiB a step").all()
     assert len(pd.read_csv(results / "tables" / "guide_plans.csv")) == len(config["planning"]["scenarios"])
+    # A checkpoint continued under other plans, as the rule and the table writer make it.
+    resharding = pd.read_csv(results / "tables" / "resharding.csv").set_index("strategy")
+    resumed = resharding[resharding["role"] == "resumed"]
+    assert set(resumed.index) == set(config["resharding"]["resume_under"]) and (resumed["status"] == "ok").all()
+    assert (resumed["from_step"] == config["resharding"]["at_step"]).all() and (resumed["written_by"] == "ddp").all()
+    assert resumed["within_tolerance"].astype(bool).all() and resharding["within_reference_tolerance"].astype(bool).all()
+    assert "continue the uninterrupted run&#x27;s losses within" in html or "continue the uninterrupted run's losses within" in html
     for figure in ("throughput", "memory_by_category", "parity_deviation", "dp_comm_time"):
         assert (results / "report" / "figures" / f"{figure}.png").stat().st_size > 1000
     renderer = (results / "report" / "renderer.txt").read_text()
