@@ -206,3 +206,32 @@ def test_the_resharding_block_is_checked_before_anything_runs(change, field, pro
         load_study(config, base_dir=REPO)
     assert err.value.field == field, str(err.value)
     assert problem in str(err.value)
+
+
+def test_the_resharding_table_and_its_caption_name_a_failed_plan():
+    """tables.parity.resharding_rows and captions.resharding on a study where one resumed plan failed and one
+    left the uninterrupted run by more than rounding."""
+    import pandas as pd
+
+    from shardlab.reporting import captions
+    from shardlab.tables.parity import resharding_rows
+
+    a = [4.0, 3.5, 3.2, 3.0]
+    run = {"experiment": "e", "written_by": "fsdp2_full", "written_on": 4, "from_step": 2, "status": "ok", "reason": None}
+    rows = [dict(run, role="uninterrupted", strategy="fsdp2_full", world_size=4, written_by=None, written_on=None,
+                 from_step=None, step=i, loss=x) for i, x in enumerate(a)]
+    rows += [dict(run, role="resumed", strategy="tp_sp", world_size=2, step=i, loss=x) for i, x in enumerate(a)]
+    rows += [dict(run, role="resumed", strategy="pp_1f1b", world_size=2, step=i, loss=x + (0.01 if i >= 2 else 0))
+             for i, x in enumerate(a)]
+    rows += [dict(run, role="resumed", strategy="zero2", world_size=2, status="failed", reason="rank 0: boom",
+                  step=None, loss=None)]
+    experiments = {"e": {"training": {"global_batch_size": 8, "seq_len": 32, "dtype": "fp32"}}}
+    reference = {"experiment": "e", "strategy": "single", "status": "ok", "step_log": [{"loss": x} for x in a]}
+    table = resharding_rows(pd.DataFrame(rows), experiments, [reference]).set_index("strategy")
+    assert table.loc["tp_sp", "within_tolerance"] == True and table.loc["tp_sp", "steps_compared"] == 2  # noqa: E712
+    assert table.loc["pp_1f1b", "within_tolerance"] == False  # noqa: E712
+    assert table.loc["pp_1f1b", "max_loss_deviation"] == pytest.approx(0.01)
+    assert table.loc["zero2", "status"] == "failed" and pd.isna(table.loc["zero2", "max_loss_deviation"])
+    text = captions.resharding(table.reset_index())
+    assert "loaded under tp_sp on 2 ranks, pp_1f1b on 2 ranks and zero2 on 2 ranks" in text
+    assert "1 of 3 continue the uninterrupted run's losses" in text and "zero2 failed: rank 0: boom." in text

@@ -34,8 +34,9 @@ def resharding(table: pd.DataFrame) -> str:
     resumed = table[table["role"] == "resumed"]
     ok = resumed[resumed["status"] == "ok"]
     verdicts = ok["within_tolerance"].map({True: "within", False: "outside"}).fillna("undecided")
+    plans = [f"{r.strategy} on {r.world_size:.0f} ranks" for r in resumed.itertuples()]
     text = (f"A checkpoint written by {where} after step {ok['from_step'].min() - 1:.0f} was loaded under "
-            + ", ".join(f"{r.strategy} on {r.world_size:.0f} ranks" for r in resumed.itertuples())
+            + " and ".join([", ".join(plans[:-1]), plans[-1]] if len(plans) > 1 else plans)
             + ", each cutting its own shards from the same whole tensors. ")
     if len(ok):
         text += (f"{int((verdicts == 'within').sum())} of {len(resumed)} continue the uninterrupted run's losses within the "

@@ -32,7 +32,6 @@ class DistributedOptimizer:
             raise ValueError(f"the distributed optimizer flattens parameters of one dtype, got {sorted(map(str, dtypes))}")
         self.group, self.comm = group, comm
         self.ranks, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        rank = self.rank
         total = sum(p.numel() for p in self.params)
         self.partition = -(-total // self.ranks)  # padded to whole partitions
         like = {"dtype": dtypes.pop(), "device": self.params[0].device}
@@ -46,7 +45,7 @@ class DistributedOptimizer:
             # A defined .grad makes autograd accumulate in place, into the buffer (DDP's gradient_as_bucket_view).
             p.grad = self.flat_grads[offset:offset + n].view_as(p)
             offset += n
-        mine = slice(rank * self.partition, (rank + 1) * self.partition)
+        mine = slice(self.rank * self.partition, (self.rank + 1) * self.partition)
         self.shard = nn.Parameter(self.flat_params[mine])  # shares the storage: stepping it updates the model
         self.shard.grad = self.flat_grads[mine]
         self.optimizer = build([self.shard])
@@ -98,4 +97,3 @@ class DistributedOptimizer:
             flat[:sum(p.numel() for p in self.params)].copy_(torch.cat([s[key].reshape(-1) for s in states]))
             shard_state[key] = flat[mine].clone()
         self.optimizer.state[self.shard] = shard_state
-

@@ -190,7 +190,7 @@ class DeepSpeedZero(Strategy):
         stepped = next(iter(self._inner_optimizer.state.values()), {}) if with_optimizer else {}
         out = []
         for h in held:
-            states = {k: safe_get_full_optimizer_state(h.param, k) for k, v in stepped.items() if k != "step"}
+            states = {k: safe_get_full_optimizer_state(h.param, k) for k in stepped if k != "step"}
             out.append((safe_get_full_fp32_param(h.param), dict(states, step=stepped["step"]) if stepped else {}))
         return out
 
