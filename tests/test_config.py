@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from helpers import REPO, TEST_EXPERIMENT
+from helpers import REPO, TEST_EXPERIMENT, with_experiments
 from shardlab.errors import ConfigError
 from shardlab.study import load_study
 
@@ -104,12 +104,11 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
 
 
 def test_identical_single_device_references_are_shared_and_different_ones_are_not():
-    cfg = copy.deepcopy(BASE)
-    cfg["experiments"] = {
+    cfg = with_experiments(copy.deepcopy(BASE), {
         "a": {"strategies": ["single", "ddp"]},
         "b": {"strategies": ["single", "dp_naive"]},  # same settings as a: shares a's reference
         "c": {"strategies": ["single"], "training": {"steps": 5}},  # different steps: its own run
-    }
+    })
     assert load_study(cfg, base_dir=REPO).shared_references == {"b": "a"}
 
 

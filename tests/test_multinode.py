@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from helpers import REPO, TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match
+from helpers import REPO, TEST_EXPERIMENT, TEST_TOKENS_PER_STEP, assert_losses_match, with_experiments
 from shardlab.config import deep_merge, resolve_launch, run_layout
 from shardlab.errors import ConfigError
 from shardlab.runner import nodes
@@ -84,7 +84,7 @@ def test_tensor_parallel_across_nodes_is_rejected_unless_allowed():
     inside = copy.deepcopy(config)
     inside["defaults"]["launch"].update(gpus_per_node=2, world_size=4)
     inside["experiments"]["tensor_parallel"]["strategy_options"] = {"tp": {"world_size": 2}, "tp_sp": {"world_size": 2}}
-    inside["experiments"] = {"tensor_parallel": inside["experiments"]["tensor_parallel"]}
+    inside = with_experiments(inside, {"tensor_parallel": inside["experiments"]["tensor_parallel"]})
     study = load_study(inside, base_dir=REPO)
     assert run_resources(study.experiments["tensor_parallel"], "tp")["nodes"] == 1
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import TEST_EXPERIMENT, assert_losses_match, launch_test_run
+from helpers import TEST_EXPERIMENT, assert_losses_match, launch_test_run, with_experiments
 from shardlab.config import deep_merge
 from shardlab.costs.plan import Plan, Workload
 from shardlab.costs.shapes import ModelShape
@@ -158,6 +158,6 @@ def test_plan_export_rehearse_writes_a_block_the_study_accepts(tmp_path):
     study_config = REPO / "config/config.yaml"  # its scenarios: config/planning.yaml's
     assert main(["--config", str(study_config), "--rehearse", "llama-3-405b", "--out", str(out)]) == 0
     config = yaml.safe_load((REPO / "config/test.yaml").read_text())
-    config["experiments"] = yaml.safe_load(out.read_text())
+    config = with_experiments(config, yaml.safe_load(out.read_text()))
     assert load_study(config, REPO).experiments["rehearsal"]["strategy_options"]  # resolved and checked
     assert main(["--config", str(study_config), "--rehearse", "gpt-5"]) == 2  # said on stderr, nothing written

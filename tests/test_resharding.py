@@ -214,7 +214,7 @@ def test_the_resharding_table_and_its_caption_name_a_failed_plan():
     import pandas as pd
 
     from shardlab.reporting import captions
-    from shardlab.tables.parity import resharding_rows
+    from shardlab.tables.resharding import resharding_rows
 
     a = [4.0, 3.5, 3.2, 3.0]
     run = {"experiment": "e", "written_by": "fsdp2_full", "written_on": 4, "from_step": 2, "status": "ok", "reason": None}

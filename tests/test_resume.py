@@ -214,6 +214,7 @@ def _study(root: Path, fault: str) -> Path:
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
     config.update(results_dir=str(root / "results"), resources_dir=str(root.parent / "resources"), allow_outside_project=True,
                   experiments={"data_parallel": {"strategies": ["single", "ddp"]}})
+    config.pop("resharding")  # its own launches: this test is about the runs' interrupt
     config["defaults"]["training"].update(checkpoint_every=EVERY, fault_injection=fault)
     path = root / "config.yaml"
     root.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from helpers import REPO, assert_losses_match
+from helpers import REPO, assert_losses_match, with_experiments
 from shardlab.strategies import REGISTRY
 
 SCRIPT = REPO / "scripts" / "local-slurm.sh"
@@ -48,9 +48,8 @@ def slurm_cluster():
 def two_node_config() -> dict:
     """config/test.yaml's settings with one experiment: the reference and DDP on 2 nodes x 1 process."""
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
-    config["experiments"] = {"two_nodes": {"strategies": ["single", "ddp"],
-                                           "launch": {"nodes": 2, "gpus_per_node": 1, "world_size": 2}}}
-    return config
+    return with_experiments(config, {"two_nodes": {"strategies": ["single", "ddp"],
+                                                   "launch": {"nodes": 2, "gpus_per_node": 1, "world_size": 2}}})
 
 
 @pytest.mark.e2e

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from helpers import REPO, TEST_EXPERIMENT, browser
+from helpers import REPO, TEST_EXPERIMENT, browser, with_experiments
 from shardlab.strategies import REGISTRY
 
 
@@ -529,7 +529,7 @@ def test_a_study_of_sharded_data_parallelism_alone_renders(reduced_study, tmp_pa
     """ddp, zero3 and fsdp2_full with no single-device run, through the real DAG: its runs, every table rule
     (the predictions table has no reference to predict against) and the report."""
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
-    config["experiments"] = {"sharded": {"strategies": ["ddp", "zero3", "fsdp2_full"]}}
+    config = with_experiments(config, {"sharded": {"strategies": ["ddp", "zero3", "fsdp2_full"]}})
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     results = tmp_path / "results"
     proc = snakemake("--cores", "2", "--nolock", "--configfile", str(tmp_path / "config.yaml"), "--config",

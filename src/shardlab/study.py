@@ -24,6 +24,7 @@ from shardlab.provenance import sources
 from shardlab.strategies import REGISTRY, SINGLE, get_spec, threads_per_rank
 from shardlab.strategies.composed.export import plan_search
 from shardlab.tables.parity import check_sensitivity_config, noise_floor_runs, planned_tolerance
+from shardlab.tables.resharding import check_resharding
 
 
 @dataclass(frozen=True)
@@ -245,34 +246,6 @@ def check_pretrain(experiments: dict[str, dict]) -> None:
                 raise ConfigError(f"{field}.max_documents.{name}", "not one of pretrain.experiments")
         if model["pretrain"]["training"].get("seq_len", 0) > model.get("max_position_embeddings", 2048):
             raise ConfigError(f"{field}.training.seq_len", "exceeds max_position_embeddings")
-
-
-def check_resharding(config: dict, experiments: dict[str, dict]) -> None:
-    """The `resharding` block: an experiment of the study, a checkpoint step inside its steps, plans that exist,
-    train the same model (a mixture of experts is another model) and pass their own checks with the experiment's
-    settings; raises ConfigError naming the field."""
-    block = config.get("resharding")
-    if not block:
-        return
-    name = block["experiment"]
-    if name not in experiments:
-        raise ConfigError("resharding.experiment", f"no experiment named {name!r} (experiments: {sorted(experiments)})")
-    exp = experiments[name]
-    if block["at_step"] >= exp["training"]["steps"]:
-        raise ConfigError("resharding.at_step", f"{block['at_step']}: {name!r} trains {exp['training']['steps']} steps, "
-                                                "so the resumed plans would train none")
-    plans = {"plan": block["plan"], **{f"resume_under[{i}]": s for i, s in enumerate(block["resume_under"])}}
-    for field, strategy in plans.items():
-        if strategy not in REGISTRY:
-            raise ConfigError(f"resharding.{field}", f"unknown strategy '{strategy}' (known: {', '.join(sorted(REGISTRY))})")
-        if REGISTRY[strategy].model is not REGISTRY[block["plan"]].model:
-            raise ConfigError(f"resharding.{field}", f"{strategy} trains another model than {block['plan']} (a mixture "
-                                                     "of experts or not): it cannot hold its checkpoint")
-        options = block["strategy_options"].get(strategy, {})
-        REGISTRY[strategy].check({**exp, "strategies": [strategy], "strategy_options": {strategy: options}}, "resharding")
-    for strategy in block["strategy_options"]:
-        if strategy not in plans.values():
-            raise ConfigError(f"resharding.strategy_options.{strategy}", "options for a plan this block does not run")
 
 
 def load_study(config: dict, base_dir: Path | str = ".") -> Study:

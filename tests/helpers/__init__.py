@@ -36,6 +36,15 @@ MOE_OVERRIDES = {"strategy_options": {"moe_single": MOE_OPTIONS, "ep_moe": MOE_O
 ADAMW_OVERRIDES = {"training": {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.01}}
 
 
+def with_experiments(config: dict, experiments: dict) -> dict:
+    """A study config with these experiments instead of its own; a block that names an experiment no longer
+    there (resharding) goes with them."""
+    config = dict(config, experiments=experiments)
+    if config.get("resharding", {}).get("experiment") not in experiments:
+        config.pop("resharding", None)
+    return config
+
+
 def launch_test_run(assets, root: Path, strategy: str, overrides: dict | None = None):
     """One real torchrun launch (through shardlab.runner.launch) of TEST_EXPERIMENT + overrides under `root`.
     Returns (summary, per-step records)."""

@@ -61,7 +61,10 @@ def run(args) -> None:
     root.mkdir(parents=True, exist_ok=True)
     print(f"[resharding] {exp['name']}: {plan} trains {exp['training']['steps']} steps, keeping its checkpoint after "
           f"step {at - 1}", flush=True)
-    summary, steps = _run(exp, plan, options, {"training": {"checkpoint_every": at, "keep_checkpoints": True}}, args)
+    # The experiment's test hooks (fault_injection) and checkpoint schedule are not this job's: A checkpoints
+    # once, where the others resume, and they do not checkpoint.
+    own = {"fault_injection": "none", "checkpoint_every": 0}
+    summary, steps = _run(exp, plan, options, {"training": dict(own, checkpoint_every=at, keep_checkpoints=True)}, args)
     rows = _rows("uninterrupted", plan, summary, steps)
     folder = checkpoint_dir(root / "runs" / plan, plan) / f"step-{at - 1:08d}"
     for strategy in block["resume_under"]:
@@ -70,7 +73,7 @@ def run(args) -> None:
                           reason=f"plan {plan}, whose checkpoint it resumes, failed")]
             continue
         print(f"[resharding] {strategy} resumes from {folder}", flush=True)
-        resumed, resumed_steps = _run(exp, strategy, options, {"training": {"resume_from": str(folder)}}, args)
+        resumed, resumed_steps = _run(exp, strategy, options, {"training": dict(own, resume_from=str(folder))}, args)
         rows += _rows("resumed", strategy, resumed, resumed_steps)
     write_rows(exp["name"], rows, COLUMNS, args.out)
 

@@ -32,6 +32,7 @@ import os
 import re
 import signal
 import time
+import traceback
 from pathlib import Path
 
 from shardlab.errors import Interrupted
@@ -68,15 +69,20 @@ def _ranked_error_handler():
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
     class RankedErrorHandler(ErrorHandler):
-        """torch's error file, with the global rank and the time to the microsecond in `extraInfo`."""
+        """torch's error file, with the global rank and the time to the microsecond in `extraInfo`, written
+        whole or not at all: a rank stopped by the agent while writing it (its peers' failure stops them all)
+        would otherwise leave a partial file, which torchrun's agent then fails to parse, losing the root
+        cause (seen on a 4-rank run whose rank 1 was killed)."""
 
         def record_exception(self, e: BaseException) -> None:
-            super().record_exception(e)
             path = self._get_error_file_path()
-            if path and os.path.isfile(path):
-                data = json.loads(Path(path).read_text())
-                data["message"]["extraInfo"].update(rank=int(os.environ.get("RANK", 0)), time=time.time())
-                Path(path).write_text(json.dumps(data))
+            if not path:
+                return
+            info = {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time())),
+                    "rank": int(os.environ.get("RANK", 0)), "time": time.time()}
+            partial = f"{path}.partial"
+            Path(partial).write_text(json.dumps({"message": {"message": f"{type(e).__name__}: {e}", "extraInfo": info}}))
+            os.replace(partial, path)  # atomic: the agent reads a whole file or none
 
     return RankedErrorHandler()
 

@@ -33,7 +33,8 @@ from shardlab.core.step_stats import timed_steps
 from shardlab.strategies import REGISTRY
 from shardlab.tables import TableInputs
 from shardlab.tables.mechanisms import mechanisms, strategies
-from shardlab.tables.parity import parity_rows, resharding_rows, rule_rows, sensitivity_rows
+from shardlab.tables.parity import parity_rows, rule_rows, sensitivity_rows
+from shardlab.tables.resharding import resharding_rows
 from shardlab.tables.rank_predictions import STATES, of_run, rank_predictions
 
 RUN_KEYS = ("experiment", "strategy", "status")
