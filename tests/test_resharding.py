@@ -90,6 +90,7 @@ def test_every_multi_process_family_is_on_a_side():
     assert families <= covered
 
 
+@pytest.mark.parity
 @pytest.mark.torchrun
 @pytest.mark.parametrize("pair", PAIRS)
 def test_a_checkpoint_resumes_under_another_plan(pair, plan_a, tiny_assets, tmp_path):
@@ -104,6 +105,7 @@ def test_a_checkpoint_resumes_under_another_plan(pair, plan_a, tiny_assets, tmp_
     assert_losses_match(_losses(steps)[AT:], uninterrupted[AT:])  # B's own steps: A's trajectory, continued
 
 
+@pytest.mark.parity
 @pytest.mark.torchrun
 def test_a_resume_without_the_optimizer_state_fails_the_check(plan_a, tiny_assets, tmp_path):
     """The can-fail case: the same pair with AdamW's moments and step count dropped on load leaves the

@@ -182,6 +182,7 @@ def test_a_checkpoint_written_at_4_ranks_resumes_at_2(strategy, tiny_assets, tmp
 DRILL = ("composed", {"strategy_options": {"composed": {"world_size": 4, "tp": 2, "sp": True, "dp_shard": "zero1"}}})
 
 
+@pytest.mark.parity
 @pytest.mark.torchrun
 def test_elastic_drill_a_lost_rank_continues_on_fewer_ranks_under_the_planners_plan(run_once, tiny_assets, tmp_path):
     strategy, options = DRILL
