@@ -84,6 +84,18 @@ def resolve_experiment(config: dict, experiment: str, schema: dict | None = None
     return merged
 
 
+def block_experiment(config: dict, key: str, experiments: dict[str, dict]) -> tuple[dict, dict] | None:
+    """A config block that names one of the study's experiments (`<key>.experiment`): (the block, that
+    experiment resolved), or None without the block; a name the study does not have is a ConfigError."""
+    block = config.get(key)
+    if not block:
+        return None
+    name = block["experiment"]
+    if name not in experiments:
+        raise ConfigError(f"{key}.experiment", f"no experiment named {name!r} (experiments: {sorted(experiments)})")
+    return block, experiments[name]
+
+
 def resolve_launch(launch: dict, where: str) -> None:
     """Fill in world_size and gpus_per_node from each other and launch.nodes (world = nodes x gpus_per_node),
     in place; raises ConfigError naming the field when they disagree. 'auto' (count the GPUs at launch)

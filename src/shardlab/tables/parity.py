@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from shardlab.config import block_experiment
 from shardlab.errors import ConfigError
 from shardlab.strategies import NOISE_RUNS, REGISTRY
 
@@ -236,15 +237,14 @@ def parity_rows(summaries: list[dict], experiments: dict[str, dict]) -> pd.DataF
 def check_sensitivity_config(config: dict, experiments: dict[str, dict]) -> None:
     """The sensitivity cases train with an experiment of the study, with SGD (Adam would normalise a gradient
     scale error away); raises ConfigError naming the field."""
-    block = config.get("parity_sensitivity")
-    if not block:
+    named = block_experiment(config, "parity_sensitivity", experiments)
+    if named is None:
         return
-    name = block["experiment"]
-    if name not in experiments:
-        raise ConfigError("parity_sensitivity.experiment", f"no experiment named {name!r} (experiments: {sorted(experiments)})")
-    if experiments[name]["training"]["optimizer"] != "sgd":
-        raise ConfigError("parity_sensitivity.experiment", f"{name!r} trains with {experiments[name]['training']['optimizer']}; "
-                                                           "the injected gradient-scale errors need sgd")
+    block, exp = named
+    if exp["training"]["optimizer"] != "sgd":
+        raise ConfigError("parity_sensitivity.experiment", f"{block['experiment']!r} trains with "
+                                                           f"{exp['training']['optimizer']}; the injected gradient-scale "
+                                                           "errors need sgd")
 
 
 SENSITIVITY_COLUMNS = ["experiment", "dtype", "case", "strategy", "injected", "gradient_error", "status", "reason",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from shardlab.config import block_experiment
 from shardlab.errors import ConfigError
 from shardlab.strategies import REGISTRY
 from shardlab.tables.parity import loss_tolerance, max_deviation, tokens_per_step, within
@@ -16,16 +17,13 @@ def check_resharding(config: dict, experiments: dict[str, dict]) -> None:
     """The `resharding` block: an experiment of the study, a checkpoint step inside its steps, plans that exist,
     train the same model (a mixture of experts is another model) and pass their own checks with the experiment's
     settings; raises ConfigError naming the field."""
-    block = config.get("resharding")
-    if not block:
+    named = block_experiment(config, "resharding", experiments)
+    if named is None:
         return
-    name = block["experiment"]
-    if name not in experiments:
-        raise ConfigError("resharding.experiment", f"no experiment named {name!r} (experiments: {sorted(experiments)})")
-    exp = experiments[name]
+    block, exp = named
     if block["at_step"] >= exp["training"]["steps"]:
-        raise ConfigError("resharding.at_step", f"{block['at_step']}: {name!r} trains {exp['training']['steps']} steps, "
-                                                "so the resumed plans would train none")
+        raise ConfigError("resharding.at_step", f"{block['at_step']}: {block['experiment']!r} trains "
+                                                f"{exp['training']['steps']} steps, so the resumed plans would train none")
     plans = {"plan": block["plan"], **{f"resume_under[{i}]": s for i, s in enumerate(block["resume_under"])}}
     for field, strategy in plans.items():
         if strategy not in REGISTRY:
