@@ -16,7 +16,7 @@ import yaml
 from helpers import ADAMW_OVERRIDES, MOE_OPTIONS, REPO, TEST_EXPERIMENT, assert_losses_match, launch_test_run
 from shardlab.config import deep_merge
 from shardlab.errors import ConfigError
-from shardlab.runner.checkpoint import Checkpointer, differences, trajectory
+from shardlab.runner.checkpoint import Checkpointer, Stored, checkpoint_folder, differences, trajectory
 from shardlab.runner.launch import checkpoint_dir
 from shardlab.strategies import REGISTRY
 from shardlab.strategies.portable import Held, IncompatibleCheckpoint, check_names
@@ -175,6 +175,19 @@ def test_parameters_the_plan_cannot_hold_are_named():
     assert "lacks 1 parameter(s) the target holds (c.bias)" in message
     assert "no place for 1 of the checkpoint's parameter(s) (experts.0.w)" in message
     assert "a.weight (4, 2) in the checkpoint, (4, 4) in the target" in message
+
+
+def test_a_folder_without_the_layout_is_named_not_loaded(tmp_path):
+    """A step folder of the earlier per-strategy layout (DCP shards and meta.json): what it lacks is said."""
+    old = tmp_path / "step-00000003"
+    old.mkdir()
+    (old / "meta.json").write_text("{}")
+    (old / "__0_0.distcp").write_bytes(b"")
+    assert checkpoint_folder(tmp_path) == old
+    with pytest.raises(IncompatibleCheckpoint, match="has no model.safetensors, optimizer.safetensors"):
+        Stored(old)
+    with pytest.raises(IncompatibleCheckpoint, match="no complete checkpoint in"):
+        checkpoint_folder(tmp_path / "nothing")
 
 
 def test_a_run_skips_its_own_checkpoints_of_other_settings(tmp_path, capsys):

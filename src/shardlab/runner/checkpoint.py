@@ -102,6 +102,10 @@ class Stored:
         from safetensors import safe_open
 
         self.folder, self.with_optimizer = folder, optimizer
+        missing = [name for name in (META_FILE, MODEL_FILE, OPTIMIZER_FILE) if not (folder / name).is_file()]
+        if missing:
+            raise IncompatibleCheckpoint(f"{folder} is not a plan-independent checkpoint: it has no {', '.join(missing)} "
+                                         "(a checkpoint of this project's layout before 2026-12-07, or another program's)")
         self.meta = json.loads((folder / META_FILE).read_text())
         self.model = safe_open(str(folder / MODEL_FILE), framework="pt")
         self.optimizer = safe_open(str(folder / OPTIMIZER_FILE), framework="pt")
