@@ -168,9 +168,11 @@ class _Holding:
 
 def test_parameters_the_plan_cannot_hold_are_named():
     stored = {"a.weight": (4, 2), "b.weight": (3,), "experts.0.w": (2, 2)}
-    check_names(_Holding(stored), stored)  # the same: nothing said
+    same = _Holding(stored)
+    check_names(same, same.held_parameters(), stored)  # the same: nothing said
     with pytest.raises(IncompatibleCheckpoint) as err:
-        check_names(_Holding({"a.weight": (4, 4), "b.weight": (3,), "c.bias": (1,)}), stored)
+        other = _Holding({"a.weight": (4, 4), "b.weight": (3,), "c.bias": (1,)})
+        check_names(other, other.held_parameters(), stored)
     message = str(err.value)
     assert "lacks 1 parameter(s) the target holds (c.bias)" in message
     assert "no place for 1 of the checkpoint's parameter(s) (experts.0.w)" in message
@@ -223,26 +225,31 @@ def test_the_resharding_block_is_checked_before_anything_runs(change, field, pro
     assert problem in str(err.value)
 
 
-def test_the_resharding_table_and_its_caption_name_a_failed_plan():
-    """tables.parity.resharding_rows and captions.resharding on a study where one resumed plan failed and one
-    left the uninterrupted run by more than rounding."""
+def test_the_resharding_table_and_its_caption_name_a_failed_plan(tmp_path):
+    """The job's rows (bench.resharding.loss_rows, from launch summaries as the launcher writes them), the table
+    (tables.resharding) and the caption on a study where one resumed plan failed and one left the uninterrupted
+    run by more than rounding."""
     import pandas as pd
 
+    from shardlab.bench.driver import write_rows
+    from shardlab.bench.resharding import COLUMNS, loss_rows
     from shardlab.reporting import captions
     from shardlab.tables.resharding import resharding_rows
 
     a = [4.0, 3.5, 3.2, 3.0]
-    run = {"experiment": "e", "written_by": "fsdp2_full", "written_on": 4, "from_step": 2, "status": "ok", "reason": None}
-    rows = [dict(run, role="uninterrupted", strategy="fsdp2_full", world_size=4, written_by=None, written_on=None,
-                 from_step=None, step=i, loss=x) for i, x in enumerate(a)]
-    rows += [dict(run, role="resumed", strategy="tp_sp", world_size=2, step=i, loss=x) for i, x in enumerate(a)]
-    rows += [dict(run, role="resumed", strategy="pp_1f1b", world_size=2, step=i, loss=x + (0.01 if i >= 2 else 0))
-             for i, x in enumerate(a)]
-    rows += [dict(run, role="resumed", strategy="zero2", world_size=2, status="failed", reason="rank 0: boom",
-                  step=None, loss=None)]
+    steps = lambda losses: [{"step": i, "loss": x} for i, x in enumerate(losses)]  # noqa: E731
+    resumed = {"status": "ok", "reason": None, "world_size": 2,
+               "resumes": [{"from_step": 2, "written_by": {"strategy": "fsdp2_full", "world_size": 4}}]}
+    rows = [*loss_rows("uninterrupted", "fsdp2_full", {"status": "ok", "reason": None, "world_size": 4}, steps(a)),
+            *loss_rows("resumed", "tp_sp", resumed, steps(a)),
+            *loss_rows("resumed", "pp_1f1b", resumed, steps([x + (0.01 if i >= 2 else 0) for i, x in enumerate(a)])),
+            *loss_rows("resumed", "zero2", {"status": "failed", "reason": "rank 0: boom", "world_size": 2}, [])]
     experiments = {"e": {"training": {"global_batch_size": 8, "seq_len": 32, "dtype": "fp32"}}}
     reference = {"experiment": "e", "strategy": "single", "status": "ok", "step_log": [{"loss": x} for x in a]}
-    table = resharding_rows(pd.DataFrame(rows), experiments, [reference]).set_index("strategy")
+    write_rows("e", rows, COLUMNS, tmp_path / "resharding_losses.csv")  # the job's output, read as the table rule does
+    losses = pd.read_csv(tmp_path / "resharding_losses.csv")
+    resharding_rows(losses, experiments, [reference]).to_csv(tmp_path / "resharding.csv", index=False)
+    table = pd.read_csv(tmp_path / "resharding.csv").set_index("strategy")  # as the report reads it
     assert table.loc["tp_sp", "within_tolerance"] == True and table.loc["tp_sp", "steps_compared"] == 2  # noqa: E712
     assert table.loc["pp_1f1b", "within_tolerance"] == False  # noqa: E712
     assert table.loc["pp_1f1b", "max_loss_deviation"] == pytest.approx(0.01)

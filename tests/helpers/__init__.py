@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from shardlab.config import deep_merge
+from shardlab.core.step_stats import read_step_log
 from shardlab.tables.parity import loss_tolerance, max_deviation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,8 +58,7 @@ def launch_test_run(assets, root: Path, strategy: str, overrides: dict | None = 
     exp_path.write_text(json.dumps(exp))
     out = root / "runs" / strategy
     summary = launch(exp, exp_path, strategy, model_dir, tokens, out)
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
-    return summary, steps
+    return summary, read_step_log(out / "metrics.jsonl")
 
 
 TEST_TOKENS_PER_STEP = TEST_EXPERIMENT["training"]["global_batch_size"] * TEST_EXPERIMENT["training"]["seq_len"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from shardlab import cli
 from shardlab.bench.driver import write_rows
 from shardlab.config import deep_merge
+from shardlab.core.step_stats import read_step_log
 from shardlab.runner.launch import checkpoint_dir, launch
 
 COLUMNS = ["experiment", "role", "strategy", "world_size", "written_by", "written_on", "from_step", "status", "reason",
@@ -36,13 +37,12 @@ def _run(exp: dict, strategy: str, options: dict, overrides: dict, args) -> tupl
     path = root / f"{strategy}.json"
     path.write_text(json.dumps(settings))
     out = root / "runs" / strategy
-    summary = launch(settings, path, strategy, args.model_dir, args.tokens, out)
-    metrics = out / "metrics.jsonl"
-    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line] if metrics.exists() else []
-    return summary, steps
+    return launch(settings, path, strategy, args.model_dir, args.tokens, out), read_step_log(out / "metrics.jsonl")
 
 
-def _rows(role: str, strategy: str, summary: dict, steps: list[dict]) -> list[dict]:
+def loss_rows(role: str, strategy: str, summary: dict, steps: list[dict]) -> list[dict]:
+    """One run's rows of the output: its loss per step with what it resumed from (one row, without a step,
+    for a run that failed before its first step)."""
     resumed = (summary.get("resumes") or [{}])[-1]
     written = resumed.get("written_by", {})
     run = {"role": role, "strategy": strategy, "world_size": summary.get("world_size"), "written_by": written.get("strategy"),
@@ -65,16 +65,16 @@ def run(args) -> None:
     # once, where the others resume, and they do not checkpoint.
     own = {"fault_injection": "none", "checkpoint_every": 0}
     summary, steps = _run(exp, plan, options, {"training": dict(own, checkpoint_every=at, keep_checkpoints=True)}, args)
-    rows = _rows("uninterrupted", plan, summary, steps)
+    rows = loss_rows("uninterrupted", plan, summary, steps)
     folder = checkpoint_dir(root / "runs" / plan, plan) / f"step-{at - 1:08d}"
     for strategy in block["resume_under"]:
         if summary["status"] != "ok":
-            rows += [dict(rows[0], role="resumed", strategy=strategy, status="failed", step=None, loss=None,
-                          reason=f"plan {plan}, whose checkpoint it resumes, failed")]
+            rows += loss_rows("resumed", strategy, {"status": "failed",
+                                                    "reason": f"plan {plan}, whose checkpoint it resumes, failed"}, [])
             continue
         print(f"[resharding] {strategy} resumes from {folder}", flush=True)
         resumed, resumed_steps = _run(exp, strategy, options, {"training": dict(own, resume_from=str(folder))}, args)
-        rows += _rows("resumed", strategy, resumed, resumed_steps)
+        rows += loss_rows("resumed", strategy, resumed, resumed_steps)
     write_rows(exp["name"], rows, COLUMNS, args.out)
 
 

@@ -1,12 +1,25 @@
-"""Which steps of a run are timed: the one rule behind every step-time median, interval and ratio."""
+"""A run's step records (`metrics.jsonl`, as the worker writes them) and which of them are timed: the one
+rule behind every step-time median, interval and ratio."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 
 from shardlab.core.bootstrap import bootstrap_interval
 
 BOOTSTRAP_SAMPLES = 2000
+
+
+def read_step_log(path: Path | str) -> list[dict]:
+    """A run's per-step records from its `metrics.jsonl` (none when the file is missing: a run that failed
+    before its first step)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def timed_steps(records: list[dict], warmup_steps: int) -> list[dict]:

@@ -204,8 +204,9 @@ class Checkpointer:
         stored = Stored(path, optimizer)
         if foreign:
             self.check(stored)
-        check_names(strategy, stored.shapes())
-        strategy.restore(strategy.held_parameters(), stored)
+        held = strategy.held_parameters()
+        check_names(strategy, held, stored.shapes())
+        strategy.restore(held, stored)
         strategy.resume_at(stored.meta["step"] + 1)
         rng = path / f"rng_rank{self.rank}.pt"
         if stored.meta["world_size"] == self.world_size and rng.exists():  # resharded: the ranks' streams differ anyway

@@ -112,10 +112,11 @@ def cut_states(h: Held, states: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return {k: h.cut(v) if v.shape == h.shape else v.clone() for k, v in states.items()}
 
 
-def check_names(strategy, shapes: dict[str, tuple]) -> None:
-    """The target must hold exactly the checkpoint's parameters (`shapes`: name -> whole shape) with their
-    shapes: a clear error naming the differences otherwise (before anything is loaded). Collective."""
-    held = {h.name: tuple(h.shape) for h in strategy.held_parameters()}
+def check_names(strategy, held: list[Held], shapes: dict[str, tuple]) -> None:
+    """The target (`held`: what this rank of `strategy` holds) must hold exactly the checkpoint's parameters
+    (`shapes`: name -> whole shape) with their shapes: a clear error naming the differences otherwise (before
+    anything is loaded). Collective where ranks hold different parameters."""
+    held = {h.name: tuple(h.shape) for h in held}
     if not strategy.holds_every_parameter:
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, held)

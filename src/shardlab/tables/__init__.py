@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardlab import cli
+from shardlab.core.step_stats import read_step_log
 
 TOPICS = ("runs", "data_parallel", "zero", "tensor_parallel", "pipeline", "context_expert", "composed",
           "communication", "science", "verdicts", "planning", "predictions", "guide", "abstract")
@@ -43,7 +44,7 @@ class TableInputs:
     def read(cls, summaries=(), metrics=(), experiments=(), models=(), tables=(), settings=None) -> TableInputs:
         runs = [json.loads(Path(p).read_text()) for p in summaries]
         for run, steps in zip(runs, metrics):
-            run["step_log"] = [json.loads(line) for line in Path(steps).read_text().splitlines() if line.strip()]
+            run["step_log"] = read_step_log(steps)
         return cls(runs, {e["name"]: e for e in map(_read_json, experiments)},
                    {m["name"]: m for m in map(_read_json, models)},
                    {Path(p).stem: read_table(p) for p in tables}, settings or {})

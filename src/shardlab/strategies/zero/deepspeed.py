@@ -165,11 +165,13 @@ class DeepSpeedZero(Strategy):
     def _inner_optimizer(self):
         return getattr(self._ds_optimizer, "optimizer", self._ds_optimizer)  # ZeRO wraps our torch optimizer
 
-    def _plain_optimizer(self) -> bool:
-        """Stage 0 in fp32: DeepSpeed steps our torch optimizer over the module's own parameters."""
+    def _plain_optimizer(self, with_optimizer: bool = True) -> bool:
+        """Stage 0: DeepSpeed steps the module's own parameters. In fp32 the optimizer is our torch one; in bf16
+        DeepSpeed's FP16_UnfusedOptimizer keeps fp32 masters it has no whole-state accessors for, so its state
+        cannot be written or read (its bf16 weights can be saved)."""
         if self.stage > 0:
             return False
-        if not isinstance(self._ds_optimizer, torch.optim.Optimizer):
+        if with_optimizer and not isinstance(self._ds_optimizer, torch.optim.Optimizer):
             raise IncompatibleCheckpoint(f"{self.name} in {self.training['dtype']}: DeepSpeed's "
                                          f"{type(self._ds_optimizer).__name__} keeps the fp32 master weights, and "
                                          "it has no whole-state accessors (stages 1-3 do)")
@@ -183,7 +185,7 @@ class DeepSpeedZero(Strategy):
     def whole_state(self, held, with_optimizer=True):
         """The fp32 master weights and the optimizer's states of each parameter, whole: DeepSpeed's
         safe_get_full_* accessors (stage 3 gathers: collective). AdamW's step count is the inner optimizer's."""
-        if self._plain_optimizer():
+        if self._plain_optimizer(with_optimizer):
             return super().whole_state(held, with_optimizer)
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
@@ -225,11 +227,3 @@ class DeepSpeedZero(Strategy):
         if hasattr(self._ds_optimizer, "_lazy_init_hp_params_optimizer_state"):
             self._ds_optimizer._hp_optimizer_states_linked = False
             self._ds_optimizer._lazy_init_hp_params_optimizer_state()
-
-    def full_state_dict(self) -> dict | None:
-        """The unsharded weights on rank 0 (stage 3 gathers the partitions); None on other ranks."""
-        if self.stage == 3:
-            state = self.engine._zero3_consolidated_16bit_state_dict()  # collective: every rank calls it
-        else:
-            state = {k: v.detach().clone() for k, v in self.engine.module.state_dict().items()}
-        return {k: v.cpu() for k, v in state.items()} if self.topo.is_main and state is not None else None
