@@ -1,13 +1,13 @@
-"""The GPU check's result folder, from a finished `config/gpu-check.yaml` study (scripts/gpu-check.sh):
-per run, tokens/s and MFU against the device's peak for the run's dtype (`costs.hardware.device_peak_flops`: TF32
-for fp32, bf16 otherwise), the memory allocator's peak and the measured model-state bytes beside the memory
-model's prediction per category with its signed error (`tables.prediction_error`), and the
-loss against single device in bf16 with the parity rule's tolerance (`tables.parity`: from the noise floor
-the study's reordered and DeepSpeed-recipe runs measured).
+"""The GPU check's record, from a finished `config/gpu-check.yaml` study (scripts/gpu-check.sh):
+`shardlab.tables.gpu_check` per run (throughput and MFU, memory per category against the memory model,
+loss against single device under the parity rule, the planner's step time before and after calibration
+on this GPU) and the environment (device, torch, CUDA, NCCL, DeepSpeed).
 
     python scripts/gpu-summary.py RESULTS_DIR OUT_DIR
 
-Writes OUT_DIR/summary.json, OUT_DIR/summary.md and copies the tables it read.
+Writes OUT_DIR/<date>-<device>.json and .md (what reports/gpu/ keeps and the report's "Measured on a
+GPU" section reads) and copies the tables it read; exits non-zero if a run failed or left the
+single-device loss.
 """
 
 from __future__ import annotations
@@ -17,81 +17,58 @@ import shutil
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from shardlab.costs.hardware import device_peak_flops, training_flops_per_token
-from shardlab.tables.prediction_error import relative_error
-
-CATEGORIES = ("param", "grad", "optimizer")
-TABLES = ("runs", "ranks", "parity", "environments")
+from shardlab.tables import TableInputs, read_table
+from shardlab.tables.gpu_check import CATEGORIES, TABLES, failures, name, record
 
 
-def run_rows(tables: dict[str, pd.DataFrame], experiments: dict[str, dict]) -> list[dict]:
-    runs, ranks, parity = tables["runs"], tables["ranks"], tables["parity"]
-    rows = []
-    for run in runs.to_dict("records"):
-        exp = experiments[run["experiment"]]
-        model, training = exp["model"], exp["training"]
-        row = {"strategy": run["strategy"], "status": run["status"], "reason": run.get("reason"),
-               "world_size": run["world_size"], "device": run.get("environment.device_name")}
-        if run["status"] == "ok":
-            flops = training_flops_per_token(int(run["model.parameters"]), model["num_layers"], model["hidden_size"],
-                                             training["seq_len"])
-            peak = device_peak_flops(str(row["device"]), training["dtype"])
-            row.update(tokens_per_s=run["tokens_per_s"], step_time_median_s=run["step_time_median_s"],
-                       mfu=run["tokens_per_s"] * flops / (peak * run["world_size"]) if peak else None)
-            mine = ranks[(ranks["experiment"] == run["experiment"]) & (ranks["strategy"] == run["strategy"])]
-            fullest = mine.loc[mine["param_bytes"].idxmax()] if len(mine) else None
-            if fullest is not None:
-                row.update(peak_bytes=fullest["peak_bytes"], peak_kind=fullest["peak_kind"])
-                for c in CATEGORIES:
-                    measured, predicted = fullest[f"{c}_bytes"], fullest.get(f"predicted_{c}_bytes")
-                    row[f"{c}_bytes"], row[f"predicted_{c}_bytes"] = measured, predicted
-                    known = pd.notna(predicted) and measured
-                    row[f"{c}_error"] = relative_error(measured, predicted) if known else None
-            match = parity[(parity["experiment"] == run["experiment"]) & (parity["strategy"] == run["strategy"])]
-            if len(match):
-                verdict = match["within_tolerance"].item()
-                row.update(max_loss_deviation=match["max_loss_deviation"].item(), tolerance=match["tolerance"].item(),
-                           tolerance_fraction=match["tolerance_fraction"].item(),
-                           noise_floor=match["noise_floor"].item(),
-                           within_tolerance=None if pd.isna(verdict) else bool(verdict),
-                           undecided=match["undecided"].item() if pd.isna(verdict) else None)
-        rows.append(row)
-    return rows
+def _pct(value) -> str:
+    return "–" if value is None else f"{value:+.1%}"
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = ["| strategy | status | ranks | tokens/s | MFU | peak GiB | model-state error (param/grad/opt) | "
-             "loss vs single (tolerance, % of loss) |", "|" + "---|" * 8]
-    for r in rows:
-        errors = "/".join("–" if r.get(f"{c}_error") is None else f"{r[f'{c}_error']:+.1%}" for c in CATEGORIES)
+def markdown(rec: dict) -> str:
+    env = rec["environment"]
+    lines = [f"# GPU check, {rec['date']}: {env['device_name']}", "",
+             f"torch {env['torch']}, CUDA {env['cuda']}, NCCL {env['nccl']}, DeepSpeed {env['deepspeed']}, "
+             f"transformers {env['transformers']}, Python {env['python']}; commit {env['git_commit']}"
+             f"{' (with uncommitted changes)' if env['git_dirty'] else ''}; {rec['dtype']}.", "",
+             "| strategy | status | ranks | tokens/s | MFU | peak GiB | error of the memory model (param/grad/opt/act) "
+             "| loss vs single (tolerance, % of loss) | planner step time error, before / after calibration |",
+             "|" + "---|" * 9]
+    for r in rec["runs"]:
+        errors = "/".join(_pct(r.get(f"{c}_error")) for c in CATEGORIES)
         parity = "–"
         if r.get("undecided"):
             parity = f"{r['max_loss_deviation']:.2e}: undecided ({r['undecided']})"
         elif "max_loss_deviation" in r:
             parity = (f"{r['max_loss_deviation']:.2e} ({r['tolerance']:.2e}, {r['tolerance_fraction']:.3%}) "
                       f"{'ok' if r['within_tolerance'] else 'OUTSIDE'}")
-        lines.append(f"| {r['strategy']} | {r['status']} | {r['world_size']} | {r.get('tokens_per_s', 0):,.0f} | "
+        planned = f"{_pct(r.get('planner_before_error'))} / {_pct(r.get('planner_after_error'))}"
+        if r.get("calibration_run"):
+            planned += " (calibration run)"
+        lines.append(f"| {r['strategy']} | {r['status']}{': ' + r['reason'] if r.get('reason') else ''} | "
+                     f"{r['world_size']} | {r.get('tokens_per_s', 0):,.0f} | "
                      f"{'–' if r.get('mfu') is None else format(r['mfu'], '.1%')} | "
-                     f"{r.get('peak_bytes', 0) / 2**30:.2f} | {errors} | {parity} |")
+                     f"{r.get('peak_bytes', 0) / 2**30:.2f} | {errors} | {parity} | {planned} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     results, out = Path(sys.argv[1]), Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    tables = {name: pd.read_csv(results / "tables" / f"{name}.csv") for name in TABLES}
+    tables = {t: read_table(results / "tables" / f"{t}.csv") for t in TABLES}
     experiments = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/experiment.json")}
-    rows = run_rows(tables, experiments)
-    (out / "summary.json").write_text(json.dumps(rows, indent=2, default=str))
-    (out / "summary.md").write_text(markdown(rows))
-    for name in TABLES:
-        shutil.copy2(results / "tables" / f"{name}.csv", out / f"{name}.csv")
-    print(markdown(rows))
-    failed = [r["strategy"] for r in rows if r["status"] != "ok" or r.get("within_tolerance") is False or r.get("undecided")]
-    if failed:
-        raise SystemExit(f"gpu check: {', '.join(failed)} failed, left the single-device loss, or could not be checked")
+    # The prepared models' records (architecture of a hub model), where the study's resources are here.
+    records = [json.loads(p.read_text()) for p in Path("resources/models").glob("*/shardlab_model.json")]
+    models = {m["name"]: m for m in records}
+    rec = record(TableInputs(experiments=experiments, models=models, tables=tables))
+    (out / f"{name(rec)}.json").write_text(json.dumps(rec, indent=2, default=str) + "\n")
+    (out / f"{name(rec)}.md").write_text(markdown(rec))
+    for t in ("runs", "ranks", "parity", "rank_predictions"):
+        shutil.copy2(results / "tables" / f"{t}.csv", out / f"{t}.csv")
+    print(markdown(rec))
+    if failures(rec):
+        raise SystemExit(f"gpu check: {', '.join(failures(rec))} failed, left the single-device loss, "
+                         "or could not be checked")
 
 
 if __name__ == "__main__":

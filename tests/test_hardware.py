@@ -32,7 +32,7 @@ def test_device_names_match_the_most_specific_entry(device, name):
 def test_an_unknown_device_has_no_peak():
     assert device_peak_flops("AMD EPYC", "bf16") is None
     assert device_peak_flops("NVIDIA H200", "bf16") == 989e12
-    assert device_peak_flops("NVIDIA H200", "fp32") == 494.7e12  # TF32, what fp32 training runs on
+    assert device_peak_flops("NVIDIA H200", "fp32") == 67e12  # FP32 proper: the runs leave TF32 off
 
 
 def test_flops_per_token_is_6n_plus_attention():

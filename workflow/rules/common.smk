@@ -66,6 +66,11 @@ TIMING_NOISE = (
 )
 
 
+# The newest GPU check kept in the repository (scripts/gpu-summary.py writes <date>-<device>.json; the
+# date leads, so the newest sorts last), for the report's "Measured on a GPU" section; none yet: [].
+GPU_MEASUREMENT = sorted(glob.glob(os.path.join(workflow.basedir, config["report"]["gpu_measurements"], "*.json")))[-1:]
+
+
 SRC = f"{workflow.basedir}/src/shardlab"  # absolute: inputs hold under --directory too
 
 
@@ -185,7 +190,7 @@ def table_args(input):
     """The `shardlab tables` arguments for a rule's declared inputs."""
     return " ".join(
         f"--{kind} " + " ".join(input[kind])
-        for kind in ("summaries", "metrics", "experiments", "models", "tables")
+        for kind in ("summaries", "metrics", "experiments", "models", "tables", "records")
         if kind in input.keys() and len(input[kind])
     )
 

@@ -1,6 +1,7 @@
 # The planner on this study's own runs: every finished run's predicted memory and step time beside
-# what it measured, on this machine as calibrated by the DAG (logic: shardlab.tables.predictions).
-PREDICTION_TABLES = table_files("run_predictions", "run_prediction_ranking", "run_prediction_summary")
+# what it measured, on this machine as calibrated by the DAG (logic: shardlab.tables.predictions); and the
+# newest GPU check kept in the repository, as its record has it (shardlab.tables.gpu_check).
+PREDICTION_TABLES = table_files("run_predictions", "run_prediction_ranking", "run_prediction_summary", "gpu_measured")
 PREDICTION_EVIDENCE = table_files("comm_fit", "rank_predictions") + TIMING_NOISE
 
 
@@ -10,6 +11,7 @@ rule run_predictions_tables:
         experiments=[settings_file(exp) for exp in EXPERIMENTS],
         models=sorted({model_record(exp) for exp in EXPERIMENTS}),
         tables=PREDICTION_EVIDENCE,
+        records=GPU_MEASUREMENT,
         code=sources_of("tables.predictions"),
         catalog=f"{SRC}/costs/hardware.yaml",
     output:

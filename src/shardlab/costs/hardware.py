@@ -39,7 +39,8 @@ def accelerator(device_name: str) -> dict | None:
 
 
 def peak_flops(device: dict, dtype: str) -> float:
-    """Peak dense FLOP/s of a device's entry (or figures) for a training dtype (fp32 runs on TF32)."""
+    """Peak dense FLOP/s of a device's entry (or figures) for a training dtype. fp32 is true FP32: the
+    parity rule's float32 bound assumes its rounding, so the runs leave TF32 matmuls off (torch's default)."""
     return device["fp32_tflops" if dtype == "fp32" else "bf16_tflops"] * 1e12
 
 
@@ -50,9 +51,10 @@ def device_peak_flops(device_name: str, dtype: str) -> float | None:
 
 
 def training_flops_per_token(parameters: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
-    """Forward + backward FLOPs per token: 6 per parameter (2 forward, 4 backward) plus attention's
-    score and value products, 12 * layers * hidden * seq_len (Narayanan et al. 2021, eq. 3 without
-    the vocabulary term, which the parameters already count)."""
+    """Forward + backward FLOPs per token: 6 per parameter multiplied by (2 forward, 4 backward;
+    `ModelShape.matmul_parameters`: no input embedding, a lookup) plus attention's score and value
+    products, 12 * layers * hidden * seq_len (Narayanan et al. 2021, eq. 3, whose vocabulary term is
+    the LM head's parameters)."""
     return 6 * parameters + 12 * num_layers * hidden_size * seq_len
 
 

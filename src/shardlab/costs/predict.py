@@ -165,7 +165,7 @@ def evaluate(model: ModelShape, plan: Plan, cluster: Cluster, workload: Workload
     step = sum(time.values())
     tokens = workload.global_batch * workload.seq_len
     peak = peak_flops(figures, plan.dtype)
-    shape = (model.active_parameters(), model.num_layers, model.hidden_size, workload.seq_len)
+    shape = (model.matmul_parameters(), model.num_layers, model.hidden_size, workload.seq_len)
     model_flops = training_flops_per_token(*shape) * tokens
     mfu = model_flops / (step * plan.world * peak)
     hardware_flops = model_flops + recomputed_flops_per_token(*shape, plan.recompute, op_recomputed_share(model)) * tokens

@@ -85,7 +85,7 @@ class Row:
 
 def flops_per_token(row: Row) -> float:
     m = row.model
-    return hardware.training_flops_per_token(m.active_parameters(), m.num_layers, m.hidden_size, row.workload.seq_len)
+    return hardware.training_flops_per_token(m.matmul_parameters(), m.num_layers, m.hidden_size, row.workload.seq_len)
 
 
 def _row(source: dict, index: int, raw: dict) -> Row:

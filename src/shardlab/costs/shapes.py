@@ -118,6 +118,12 @@ class ModelShape:
         unused = (self.num_experts - self.top_k) * self.expert_parameters()
         return self.parameters() - self.num_layers * unused
 
+    def matmul_parameters(self) -> int:
+        """Parameters one token's forward multiplies by (what 6 FLOPs per parameter counts): the active
+        ones less the input embedding, a table lookup. An untied model's LM head is its own matrix; a
+        tied model's head is the embedding's matrix, counted once either way."""
+        return self.active_parameters() - (0 if self.tied_embeddings else self.embedding_parameters())
+
     def layer_parameters_kept_whole(self) -> int:
         """Parameters of one layer that tensor parallelism replicates: the norms, the row-parallel
         biases (attention output, MLP or expert down-projections) and the router."""

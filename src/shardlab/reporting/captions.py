@@ -246,3 +246,35 @@ def device_note(environments: pd.DataFrame, runs: pd.DataFrame) -> str:
     return (f"Timed on CPU: {cores} cores ({env.get('cpu_model', 'unknown model')}), gloo"
             + (f"; runs of {' and '.join(map(str, crowded))} ranks time-share the {cores} cores" if crowded else "")
             + ".")
+
+
+def gpu_measured(gpu: pd.DataFrame) -> str:
+    """gpu_check.csv: the newest GPU check kept in the repository, or none."""
+    if gpu.empty:
+        return ("No run of this study on a GPU is recorded yet: every GPU figure in this report is a datasheet "
+                "figure or a published one.")
+    env = gpu.iloc[0]
+    ok = gpu[gpu["status"] == "ok"]
+    compared = ok.dropna(subset=["max_loss_deviation"])
+    parts = [f"{len(ok)} of {len(gpu)} runs finished"]
+    if len(compared):
+        parts.append(f"{int(truthy(compared['within_tolerance']).sum())} of {len(compared)} parallel runs reproduce "
+                     f"the single-device losses within the parity rule in {env['dtype']}")
+    single = ok[truthy(ok["calibration_run"])]  # the single-device run the planner is calibrated on
+    if len(single) and pd.notna(single["mfu"].iloc[0]):
+        parts.append(f"single device ran {single['tokens_per_s'].iloc[0]:,.0f} tokens/s, "
+                     f"{single['mfu'].iloc[0]:.0%} MFU")
+    states = ok[["param_error", "grad_error", "optimizer_error"]].abs().max().max()
+    if pd.notna(states):
+        parts.append(f"the memory model is within {100 * states:.2g} % on model states and "
+                     f"{100 * ok['activation_error'].abs().max():.2g} % on activations at worst")
+    before = ok["planner_before_error"].dropna().abs()
+    if len(before):
+        held = ok[~truthy(ok["calibration_run"])]["planner_after_error"].dropna().abs()
+        parts.append(f"the planner's step time, before any calibration on this GPU, is off by {100 * before.mean():.0f} % "
+                     f"on average (worst {100 * before.max():.0f} %)"
+                     + (f"; calibrated on the single-device run (one factor, {ok['calibrated_speed'].iloc[0]:.2f} × "
+                        f"the catalogue's compute and memory rates), by {100 * held.mean():.0f} % on the {len(held)} "
+                        f"run{'s' * (len(held) > 1)} held out" if len(held) else ""))
+    return (f"On {env['device_name']}, {env['date']} (torch {env['torch']}, CUDA {env['cuda']}, NCCL {env['nccl']}): "
+            + "; ".join(parts) + ".")

@@ -34,12 +34,13 @@ def environment(topo) -> dict:
     import torch  # imported here: the launcher uses this module and must start fast, without torch
     import transformers
 
-    if topo.device.type == "cuda":
-        device_name = torch.cuda.get_device_name(topo.device)
-    else:
-        device_name = cpu_model()
+    on_gpu = topo.device.type == "cuda"
+    device_name = torch.cuda.get_device_name(topo.device) if on_gpu else cpu_model()
     return {
         "torch": torch.__version__,
+        # The CUDA toolkit torch was built with and the NCCL it loaded, where the run used them.
+        "cuda": torch.version.cuda if on_gpu else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if on_gpu else None,
         "transformers": transformers.__version__,
         "deepspeed": _version("deepspeed"),
         "python": platform.python_version(),

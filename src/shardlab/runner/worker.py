@@ -39,10 +39,15 @@ from shardlab.runner.loop import train
 def make_reproducible(training: dict) -> None:
     """Same seed, and torch's deterministic kernels where it has them, so that a run (above all the
     single-device reference) gives the same bits every time on one machine; the thread count, which
-    also changes reduction order on CPU, is pinned by init_topology (launch.threads_per_rank)."""
+    also changes reduction order on CPU, is pinned by init_topology (launch.threads_per_rank). Where
+    torch has none (warn_only; on CUDA, flash attention's backward) a run repeats only up to that
+    kernel's rounding, which the measured noise floor (`single_reordered`) then includes."""
     random.seed(training["seed"])
     np.random.seed(training["seed"])
     torch.manual_seed(training["seed"])
+    # float32 matrix products in float32 (torch's default, kept against any library that lowers it): on
+    # GPUs TF32 would round to 10 mantissa bits, which the fp32 parity bound and the fp32 peak do not assume.
+    torch.set_float32_matmul_precision("highest")
     if training.get("deterministic", True):
         torch.use_deterministic_algorithms(True, warn_only=True)
 

@@ -38,16 +38,18 @@ class TableInputs:
     models: dict[str, dict] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     settings: dict = field(default_factory=dict)  # config blocks a topic reads (e.g. `planning`)
+    records: list[dict] = field(default_factory=list)  # measurements kept in the repository (reports/gpu/*.json)
     workers: int = 1  # processes a topic may use: the rule's threads, so never more cores than it was given
 
     @classmethod
-    def read(cls, summaries=(), metrics=(), experiments=(), models=(), tables=(), settings=None) -> TableInputs:
+    def read(cls, summaries=(), metrics=(), experiments=(), models=(), tables=(), settings=None,
+             records=()) -> TableInputs:
         runs = [json.loads(Path(p).read_text()) for p in summaries]
         for run, steps in zip(runs, metrics):
             run["step_log"] = read_step_log(steps)
         return cls(runs, {e["name"]: e for e in map(_read_json, experiments)},
                    {m["name"]: m for m in map(_read_json, models)},
-                   {Path(p).stem: read_table(p) for p in tables}, settings or {})
+                   {Path(p).stem: read_table(p) for p in tables}, settings or {}, [_read_json(p) for p in records])
 
     def experiment(self, summary: dict) -> dict:
         return self.experiments[summary["experiment"]]
@@ -102,13 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiments", type=cli.existing_file, nargs="*", default=[], help="results/<exp>/experiment.json")
     parser.add_argument("--models", type=cli.existing_file, nargs="*", default=[], help="resources/models/<name>/shardlab_model.json")
     parser.add_argument("--tables", type=cli.existing_file, nargs="*", default=[], help="other tables the topic reads (CSV)")
+    parser.add_argument("--records", type=cli.existing_file, nargs="*", default=[],
+                        help="measurement records kept in the repository (JSON, e.g. reports/gpu/<date>-<device>.json)")
     parser.add_argument("--settings", type=cli.json_value, default=None, help="config blocks the topic reads, as JSON (e.g. planning)")
     parser.add_argument("--workers", type=cli.count, default=1, help="processes the topic may use (the rule's threads)")
     args = parser.parse_args(argv)
     if args.metrics and len(args.metrics) != len(args.summaries):
         parser.error(f"--metrics: {len(args.metrics)} step logs for {len(args.summaries)} run summaries "
                      "(one per run, in the same order)")
-    inputs = TableInputs.read(args.summaries, args.metrics, args.experiments, args.models, args.tables, args.settings)
+    inputs = TableInputs.read(args.summaries, args.metrics, args.experiments, args.models, args.tables, args.settings,
+                              args.records)
     inputs.workers = args.workers
     write_tables(build(args.topic, inputs), args.out_dir)
     return 0

@@ -16,6 +16,9 @@ The calibration runs are marked; every other run is a prediction.
   difference exceeds the run-to-run noise (`timing_noise`; 95 %), how many the prediction orders
   the same way.
 - run_prediction_summary: mean and worst absolute error of the memory predictions beside their goals.
+- gpu_measured: the newest GPU check kept in the repository (reports/gpu/), as its record has it
+  (`tables.gpu_check`): what each run measured on the GPU, and the planner's error before and after
+  calibration on it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from shardlab.costs.plan import Cluster
 from shardlab.costs.predict import Prediction, evaluate
 from shardlab.science.measures import spearman
 from shardlab.strategies import REGISTRY, Family
-from shardlab.tables import TableInputs
+from shardlab.tables import TableInputs, gpu_check
 from shardlab.tables.prediction_error import error_pct
 from shardlab.tables.rank_predictions import of_run, run_setting
 from shardlab.tables.rank_predictions import read as read_predictions
@@ -176,4 +179,5 @@ def build(inputs: TableInputs) -> dict[str, pd.DataFrame]:
     ok = rows.dropna(subset=["predicted_step_s"]) if "predicted_step_s" in rows else rows.iloc[0:0]
     return {"run_predictions": rows,
             "run_prediction_ranking": pd.DataFrame(ranking_rows(ok, sigma) if len(ok) else [], columns=RANKING_COLUMNS),
-            "run_prediction_summary": pd.DataFrame(summary_rows(ok) if len(ok) else [], columns=SUMMARY_COLUMNS)}
+            "run_prediction_summary": pd.DataFrame(summary_rows(ok) if len(ok) else [], columns=SUMMARY_COLUMNS),
+            "gpu_measured": gpu_check.table(inputs.records)}

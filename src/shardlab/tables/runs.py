@@ -100,7 +100,7 @@ def unequal_compute(units: dict, experiment: str, a: str, b: str) -> str:
 
 
 ENVIRONMENT = ("device_type", "device_name", "cpu_model", "cpu_cores", "memory_gib", "backend", "world_size",
-               "threads_per_rank", "torch", "transformers", "deepspeed", "python", "git_commit", "git_dirty")
+               "threads_per_rank", "torch", "cuda", "nccl", "transformers", "deepspeed", "python", "git_commit", "git_dirty")
 
 
 def _ok(runs: pd.DataFrame) -> pd.DataFrame:
@@ -110,7 +110,8 @@ def _ok(runs: pd.DataFrame) -> pd.DataFrame:
 def environments(runs: pd.DataFrame) -> pd.DataFrame:
     ok = _ok(runs)
     cols = [f"environment.{c}" for c in ENVIRONMENT if f"environment.{c}" in ok]
-    return ok[cols].drop_duplicates().rename(columns=lambda c: c.removeprefix("environment."))
+    # A field that no run has (CUDA and NCCL on a CPU) is left out rather than shown empty.
+    return ok[cols].dropna(axis=1, how="all").drop_duplicates().rename(columns=lambda c: c.removeprefix("environment."))
 
 
 LAUNCH_PHASES = ("agent_start_s", "rendezvous_and_spawn_s", "worker_imports_s", "process_group_s", "model_load_s",
