@@ -54,7 +54,8 @@ def environment(topo) -> dict:
         "threads_per_rank": torch.get_num_threads(),
         "rank_server": forked_by_rank_server(),
         "hostname": platform.node(),
-        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        # A copy of the tree without its history (a lent machine) is named by whoever sent it.
+        "git_commit": _git("rev-parse", "--short", "HEAD") or os.environ.get("SHARDLAB_GIT_COMMIT"),
         "git_dirty": git_dirty(),
     }
 

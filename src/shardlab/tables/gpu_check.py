@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+
 import pandas as pd
 
 from shardlab.costs import hardware
