@@ -32,8 +32,9 @@ def markdown(rec: dict) -> str:
              f"transformers {env['transformers']}, Python {env['python']}; commit {env['git_commit']}"
              f"{' (with uncommitted changes)' if env['git_dirty'] else ''}; {rec['dtype']}.", "",
              "| strategy | status | ranks | tokens/s | MFU | peak GiB | error of the memory model (param/grad/opt/act) "
-             "| loss vs single (tolerance, % of loss) | planner step time error, before / after calibration |",
-             "|" + "---|" * 9]
+             "| loss vs single (tolerance, % of loss) | planner device memory error | planner step time error, "
+             "before / after calibration |",
+             "|" + "---|" * 10]
     for r in rec["runs"]:
         errors = "/".join(_pct(r.get(f"{c}_error")) for c in CATEGORIES)
         parity = "–"
@@ -48,7 +49,8 @@ def markdown(rec: dict) -> str:
         lines.append(f"| {r['strategy']} | {r['status']}{': ' + r['reason'] if r.get('reason') else ''} | "
                      f"{r['world_size']} | {r.get('tokens_per_s', 0):,.0f} | "
                      f"{'–' if r.get('mfu') is None else format(r['mfu'], '.1%')} | "
-                     f"{r.get('peak_bytes', 0) / 2**30:.2f} | {errors} | {parity} | {planned} |")
+                     f"{r.get('peak_bytes', 0) / 2**30:.2f} | {errors} | {parity} | "
+                     f"{_pct(r.get('planner_device_bytes_error'))} | {planned} |")
     return "\n".join(lines) + "\n"
 
 

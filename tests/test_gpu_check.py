@@ -78,6 +78,8 @@ def test_the_memory_model_error_is_per_category_on_the_fullest_rank():
     assert (row["param_error"], row["optimizer_error"]) == (0.0, 0.0)
     assert row["grad_error"] == pytest.approx(0.10) and row["activation_error"] == pytest.approx(-0.20)
     assert row["peak_bytes"] == 500.0
+    # the planner's device bytes for the fullest rank, against the allocator's peak
+    assert row["planner_device_bytes_error"] == pytest.approx((row["planner_device_bytes"] - 500.0) / 500.0)
 
 
 def test_a_failed_run_or_one_outside_the_parity_rule_fails_the_check():

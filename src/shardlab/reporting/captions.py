@@ -268,6 +268,10 @@ def gpu_measured(gpu: pd.DataFrame) -> str:
     if pd.notna(states):
         parts.append(f"the memory model is within {100 * states:.2g} % on model states and "
                      f"{100 * ok['activation_error'].abs().max():.2g} % on activations at worst")
+    device = ok["planner_device_bytes_error"].dropna().abs()
+    if len(device):
+        parts.append(f"the planner puts the fullest rank's device memory within {100 * device.max():.0f} % of the "
+                     "allocator's peak")
     before = ok["planner_before_error"].dropna().abs()
     if len(before):
         held = ok[~truthy(ok["calibration_run"])]["planner_after_error"].dropna().abs()

@@ -6,7 +6,8 @@ Per run:
 - memory: the allocator's peak, and the fullest rank's bytes per category (parameters, gradients,
   optimizer state, activations) beside the memory model's prediction (`rank_predictions`), signed error;
 - parity: the largest loss deviation from single device and the parity rule's tolerance (`tables.parity`);
-- the planner: the run's plan on the catalogued accelerator under this project's stack (`costs.predict`),
+- the planner: the run's plan on the catalogued accelerator under this project's stack (`costs.predict`):
+  the device bytes of its fullest rank against the allocator's peak, and the step time,
   first with the catalog's efficiencies, never fitted to this GPU ("before"), then with the compute rate
   that reproduces the single-device run ("after": the catalog's dense peak and HBM bandwidth scaled by
   one factor, `calibrated_speed`; that run is then the calibration point and the others are held out).
@@ -70,7 +71,8 @@ def parity(run: dict, table: pd.DataFrame) -> dict:
 
 def planner(runs: list[dict], inputs: TableInputs) -> dict[str, dict]:
     """Per run, the planner's step time, tokens/s and MFU with the catalog's efficiencies ('before') and
-    with the compute rate calibrated on the single-device run ('after'), each with its error."""
+    with the compute rate calibrated on the single-device run ('after'), each with its error; and the
+    device bytes it predicts for the fullest rank (against the allocator's peak in `record`)."""
     settings, clusters = {}, {}
     for run in runs:
         entry = hardware.accelerator(str(run["environment.device_name"]))
@@ -87,6 +89,8 @@ def planner(runs: list[dict], inputs: TableInputs) -> dict[str, dict]:
             continue
         out[s] = {**_versus(run, before[s], "before"), "calibrated_speed": speed,
                   "calibration_run": s == CALIBRATION_RUN}
+        if isinstance(before[s], Prediction):  # memory does not depend on the speed: one prediction
+            out[s].update(planner_device_bytes=before[s].device_bytes, planner_fits=before[s].fits)
         if speed is not None:
             out[s].update(_versus(run, evaluate(*_placed(settings[s], _faster(clusters[s], speed)), STACK), "after"))
     return out
@@ -148,6 +152,8 @@ def record(inputs: TableInputs) -> dict:
                        mfu=run["tokens_per_s"] * flops / (peak * run["world_size"]) if peak else None,
                        **memory(run, t["ranks"], t["rank_predictions"]), **parity(run, t["parity"]),
                        **planned.get(run["strategy"], {}))
+            if "planner_device_bytes" in row and row.get("peak_bytes"):
+                row["planner_device_bytes_error"] = relative_error(row["peak_bytes"], row["planner_device_bytes"])
         rows.append(row)
     environment = t["environments"].iloc[0].to_dict() if len(t["environments"]) else {}
     return {"date": str(pd.Timestamp(min(r["started"] for r in runs)).date()) if runs else None,
@@ -171,7 +177,8 @@ def failures(rec: dict) -> list[str]:
 TABLE_COLUMNS = ["date", "device_name", "torch", "cuda", "nccl", "deepspeed", "git_commit", "dtype", "strategy", "status",
                  "reason", "world_size", "tokens_per_s", "mfu", "peak_bytes",
                  *[f"{c}_error" for c in CATEGORIES], "max_loss_deviation", "tolerance", "within_tolerance",
-                 "planner_before_error", "planner_after_error", "calibration_run", "calibrated_speed"]
+                 "planner_before_error", "planner_after_error", "calibration_run", "calibrated_speed",
+                 "planner_device_bytes_error"]
 
 
 def table(records: list[dict]) -> pd.DataFrame:
