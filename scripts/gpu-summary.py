@@ -60,12 +60,12 @@ def main() -> None:
     tables = {t: read_table(results / "tables" / f"{t}.csv") for t in TABLES}
     experiments = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/experiment.json")}
     # The prepared models' records (architecture of a hub model), where the study's resources are here.
-    records = [json.loads(p.read_text()) for p in Path("resources/models").glob("*/shardlab_model.json")]
-    models = {m["name"]: m for m in records}
+    model_records = [json.loads(p.read_text()) for p in Path("resources/models").glob("*/shardlab_model.json")]
+    models = {m["name"]: m for m in model_records}
     rec = record(TableInputs(experiments=experiments, models=models, tables=tables))
-    (out / f"{name(rec)}.json").write_text(json.dumps(rec, indent=2, default=str) + "\n")
+    (out / f"{name(rec)}.json").write_text(json.dumps(rec, indent=2) + "\n")
     (out / f"{name(rec)}.md").write_text(markdown(rec))
-    for t in ("runs", "ranks", "parity", "rank_predictions"):
+    for t in TABLES:
         shutil.copy2(results / "tables" / f"{t}.csv", out / f"{t}.csv")
     print(markdown(rec))
     if failures(rec):

@@ -26,16 +26,15 @@ def check_experiment() -> dict:
 def run(strategy: str, step_s: float, device: str = H100, status: str = "ok") -> dict:
     return {"experiment": "gpu_check", "strategy": strategy, "status": status, "reason": None, "world_size": 1,
             "step_time_median_s": step_s, "tokens_per_s": 4096 / step_s, "model.parameters": 1_011_781_632,
-            "environment.device_name": device, "started": "2026-12-08T03:00:00"}
+            "environment.device_name": device, "environment.torch": "2.11.0+cu130", "environment.cuda": "13.0",
+            "environment.nccl": "2.28.9", "started": "2026-12-08T03:00:00"}
 
 
 def inputs(runs: list[dict], ranks=None, predicted=None, parity=None) -> TableInputs:
     empty_ranks = pd.DataFrame(columns=["experiment", "strategy", "rank", "param_bytes"])
     tables = {"runs": pd.DataFrame(runs), "ranks": ranks if ranks is not None else empty_ranks,
               "rank_predictions": predicted if predicted is not None else pd.DataFrame(),
-              "parity": parity if parity is not None else pd.DataFrame(columns=["experiment", "strategy"]),
-              "environments": pd.DataFrame([{"device_name": runs[0]["environment.device_name"], "torch": "2.11.0+cu130",
-                                             "cuda": "13.0", "nccl": "2.28.9"}])}
+              "parity": parity if parity is not None else pd.DataFrame(columns=["experiment", "strategy"])}
     return TableInputs(experiments={"gpu_check": check_experiment()}, tables=tables)
 
 

@@ -162,6 +162,39 @@ def test_the_planner_predicts_every_run_and_plans_at_scale(reduced_study):
 
 
 @pytest.mark.e2e
+def test_the_gpu_record_reads_what_the_study_writes(reduced_study):
+    """The GPU check's record (tables.gpu_check) built from the tables the DAG wrote for one experiment, with
+    the device named as torch names an H100 (the only edit): the planner is scored before and after its
+    calibration on the single-device run, every figure survives the JSON file, and the report's table and
+    caption read it back."""
+    from shardlab.reporting.captions import gpu_measured
+    from shardlab.tables import TableInputs, read_table
+    from shardlab.tables.gpu_check import TABLES, record, table
+
+    exp = "data_parallel"
+    tables = {t: read_table(reduced_study / "tables" / f"{t}.csv") for t in TABLES}
+    tables = {t: f[f["experiment"] == exp] if "experiment" in f else f for t, f in tables.items()}
+    tables["runs"] = tables["runs"].assign(**{"environment.device_name": "NVIDIA H100 80GB HBM3"})
+    models = [json.loads(p.read_text()) for p in (reduced_study.parent / "resources").glob("models/*/shardlab_model.json")]
+    inputs = TableInputs(experiments={exp: json.loads((reduced_study / exp / "experiment.json").read_text())},
+                         models={m["name"]: m for m in models}, tables=tables)
+    rec = json.loads(json.dumps(record(inputs)))  # as reports/gpu/ keeps it: plain JSON, nothing as text
+    rows = {r["strategy"]: r for r in rec["runs"]}
+    assert set(rows) == set(tables["runs"]["strategy"]) and len(rows) >= 3
+    assert rows["single"]["calibration_run"] and rows["single"]["planner_after_error"] == pytest.approx(0, abs=1e-9)
+    ranks = tables["ranks"].set_index("strategy")
+    for strategy, row in rows.items():
+        assert isinstance(row["planner_before_error"], float) and isinstance(row["planner_after_error"], float)
+        mine = ranks.loc[[strategy]]
+        fullest = mine[mine["param_bytes"] == mine["param_bytes"].max()]
+        assert (row["param_bytes"], row["peak_bytes"]) == (fullest["param_bytes"].max(), fullest["peak_bytes"].max())
+        assert isinstance(row["activation_error"], float) and 0 < row["mfu"] < 1
+    assert rows["ddp"]["within_tolerance"] is True
+    shown = table([rec])
+    assert list(shown["strategy"]) == list(rows) and gpu_measured(shown).startswith("On NVIDIA H100 80GB HBM3")
+
+
+@pytest.mark.e2e
 @pytest.mark.skipif(browser.CHROMIUM is None, reason="no chromium on PATH (.ci/run installs Debian's package "
                                                      "when apt can reach a mirror)")
 def test_the_report_reads_right_in_a_browser(reduced_study):

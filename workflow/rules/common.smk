@@ -66,9 +66,9 @@ TIMING_NOISE = (
 )
 
 
-# The newest GPU check kept in the repository (scripts/gpu-summary.py writes <date>-<device>.json; the
-# date leads, so the newest sorts last), for the report's "Measured on a GPU" section; none yet: [].
-GPU_MEASUREMENT = sorted(glob.glob(os.path.join(workflow.basedir, config["report"]["gpu_measurements"], "*.json")))[-1:]
+# The GPU checks kept in the repository (scripts/gpu-summary.py's <date>-<device>.json; the predictions
+# table shows the newest, shardlab.tables.gpu_check.table); none yet: [].
+GPU_MEASUREMENTS = sorted(glob.glob(os.path.join(workflow.basedir, config["report"]["gpu_measurements"], "*.json")))
 
 
 SRC = f"{workflow.basedir}/src/shardlab"  # absolute: inputs hold under --directory too

@@ -11,7 +11,7 @@ rule run_predictions_tables:
         experiments=[settings_file(exp) for exp in EXPERIMENTS],
         models=sorted({model_record(exp) for exp in EXPERIMENTS}),
         tables=PREDICTION_EVIDENCE,
-        records=GPU_MEASUREMENT,
+        records=GPU_MEASUREMENTS,
         code=sources_of("tables.predictions"),
         catalog=f"{SRC}/costs/hardware.yaml",
     output:

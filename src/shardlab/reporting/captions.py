@@ -249,7 +249,7 @@ def device_note(environments: pd.DataFrame, runs: pd.DataFrame) -> str:
 
 
 def gpu_measured(gpu: pd.DataFrame) -> str:
-    """gpu_check.csv: the newest GPU check kept in the repository, or none."""
+    """gpu_measured.csv: the newest GPU check kept in the repository, or none."""
     if gpu.empty:
         return ("No run of this study on a GPU is recorded yet: every GPU figure in this report is a datasheet "
                 "figure or a published one.")

@@ -32,11 +32,13 @@ STACK = "shardlab"  # this project's runner (costs/stacks.yaml)
 CALIBRATION_RUN = roles.the_reference()  # the single device: no communication, the compute rate alone
 CATEGORIES = {"param": "param_bytes", "grad": "grad_bytes", "optimizer": "optimizer_bytes",
               "activation": "activation_bytes"}
-TABLES = ("runs", "ranks", "rank_predictions", "parity", "environments")
+TABLES = ("runs", "ranks", "rank_predictions", "parity")
 ENVIRONMENT = ("device_name", "torch", "cuda", "nccl", "deepspeed", "transformers", "python", "git_commit", "git_dirty")
 
 
 def _number(value):
+    """A plain Python value for the JSON record: numpy scalars as Python numbers, NaN as None."""
+    value = value.item() if hasattr(value, "item") else value
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
@@ -45,7 +47,7 @@ def memory(run: dict, ranks: pd.DataFrame, predicted: pd.DataFrame) -> dict:
     mine = ranks[(ranks["experiment"] == run["experiment"]) & (ranks["strategy"] == run["strategy"])]
     if mine.empty:
         return {}
-    fullest = mine.loc[mine["param_bytes"].idxmax()]
+    fullest = mine.sort_values(["param_bytes", "peak_bytes"]).iloc[-1]  # of equal replicas, the highest peak
     model = predicted[(predicted["experiment"] == run["experiment"]) & (predicted["strategy"] == run["strategy"])
                       & (predicted["rank"] == fullest["rank"])]
     out = {"peak_bytes": fullest["peak_bytes"], "peak_kind": fullest["peak_kind"]}
@@ -79,7 +81,7 @@ def planner(runs: list[dict], inputs: TableInputs) -> dict[str, dict]:
         if entry is not None:
             settings[run["strategy"]] = run_setting(run, inputs.experiment(run), inputs)
             clusters[run["strategy"]] = Cluster(entry["name"], 1, int(run["world_size"]))
-    before = {s: evaluate(*_placed(settings[s], clusters[s]), STACK) for s in settings}
+    before = {s: _predict(settings[s], clusters[s]) for s in settings}
     reference = next((r for r in runs if r["strategy"] == CALIBRATION_RUN and r["strategy"] in settings), None)
     speed = _calibrated_speed(reference, settings, clusters) if reference else None
     out = {}
@@ -92,13 +94,13 @@ def planner(runs: list[dict], inputs: TableInputs) -> dict[str, dict]:
         if isinstance(before[s], Prediction):  # memory does not depend on the speed: one prediction
             out[s].update(planner_device_bytes=before[s].device_bytes, planner_fits=before[s].fits)
         if speed is not None:
-            out[s].update(_versus(run, evaluate(*_placed(settings[s], _faster(clusters[s], speed)), STACK), "after"))
+            out[s].update(_versus(run, _predict(settings[s], _faster(clusters[s], speed)), "after"))
     return out
 
 
-def _placed(setting, cluster):
+def _predict(setting: tuple, cluster: Cluster) -> Prediction | str:
     model, plan, workload = setting
-    return model, plan, cluster, workload
+    return evaluate(model, plan, cluster, workload, STACK)
 
 
 def _faster(cluster: Cluster, speed: float) -> Cluster:
@@ -110,7 +112,7 @@ def _calibrated_speed(reference: dict, settings: dict, clusters: dict) -> float 
     """The factor on the catalog's rates at which the planner reproduces the reference run's step time
     (bisection on a log scale: the predicted step time falls as the rates rise)."""
     def step_s(speed: float) -> float:
-        p = evaluate(*_placed(settings[CALIBRATION_RUN], _faster(clusters[CALIBRATION_RUN], speed)), STACK)
+        p = _predict(settings[CALIBRATION_RUN], _faster(clusters[CALIBRATION_RUN], speed))
         return p.step_s if isinstance(p, Prediction) else math.nan
 
     low, high = 1e-4, 1e4
@@ -154,10 +156,10 @@ def record(inputs: TableInputs) -> dict:
                        **planned.get(run["strategy"], {}))
             if "planner_device_bytes" in row and row.get("peak_bytes"):
                 row["planner_device_bytes_error"] = relative_error(row["peak_bytes"], row["planner_device_bytes"])
-        rows.append(row)
-    environment = t["environments"].iloc[0].to_dict() if len(t["environments"]) else {}
+        rows.append({k: _number(v) for k, v in row.items()})
+    first = ok[0] if ok else {}  # the check's runs share one machine: its environment is the first's
     return {"date": str(pd.Timestamp(min(r["started"] for r in runs)).date()) if runs else None,
-            "environment": {k: _number(environment.get(k)) for k in ENVIRONMENT},
+            "environment": {k: _number(first.get(f"environment.{k}")) for k in ENVIRONMENT},
             "dtype": next(iter(inputs.experiments.values()))["training"]["dtype"] if inputs.experiments else None,
             "runs": rows}
 
